@@ -1,0 +1,1 @@
+"""The `neuron` device: registration with PyTorch and the `torch.neuron` module."""

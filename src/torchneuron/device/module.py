@@ -1,0 +1,292 @@
+"""`torch.neuron`: the device module, as complete as torch.cuda is for ordinary use."""
+import functools
+
+import torch
+
+_current = [0]
+_current_streams = {}
+
+
+def _runtime():
+    from ..runtime import platform
+
+    return platform
+
+
+def is_available() -> bool:
+    return _runtime().device_count() > 0
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    return None
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _runtime().device_count()
+
+
+def current_device() -> int:
+    return _current[0]
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return _current[0]
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "neuron":
+        raise ValueError(f"Expected a neuron device, but got: {device}")
+    return device.index if device.index is not None else _current[0]
+
+
+def set_device(device) -> None:
+    index = _index(device)
+    if index < 0:
+        return
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"neuron device {index} is out of range: {device_count()} device(s) available")
+    _current[0] = index
+
+
+class device:
+    """Context manager that changes the current neuron device."""
+
+    def __init__(self, device):
+        self.index = _index(device) if device is not None else -1
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = _current[0]
+        if self.index >= 0:
+            set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.index >= 0:
+            _current[0] = self.previous
+        return False
+
+
+def device_of(tensor):
+    return device(tensor.device.index if tensor.device.type == "neuron" else -1)
+
+
+def _jax_device(index: int):
+    return _runtime().jax_device(index)
+
+
+def get_device_name(device=None) -> str:
+    d = _jax_device(_index(device))
+    return f"neuron ({d.platform}: {d.device_kind})"
+
+
+def get_device_capability(device=None):
+    return (0, 0)
+
+
+@functools.cache
+def _properties(index: int):
+    from types import SimpleNamespace
+
+    d = _jax_device(index)
+    stats = d.memory_stats() or {}
+    return SimpleNamespace(
+        name=get_device_name(index),
+        platform=d.platform,
+        device_kind=d.device_kind,
+        total_memory=int(stats.get("bytes_limit", 0)),
+        multi_processor_count=1,
+        type="neuron",
+        index=index,
+    )
+
+
+def get_device_properties(device=None):
+    return _properties(_index(device))
+
+
+# --- synchronisation -----------------------------------------------------------
+
+
+def _live_buffers(index: int):
+    return _jax_device(index).live_buffers()
+
+
+def _all_ready(index: int) -> bool:
+    return all(b.is_ready() for b in _live_buffers(index))
+
+
+def synchronize(device=None) -> None:
+    """Wait until every operation queued on the device has finished."""
+    import jax
+
+    jax.block_until_ready(_live_buffers(_index(device)))
+
+
+# --- streams and events --------------------------------------------------------
+
+from .streams import Event, Stream, StreamContext  # noqa: E402
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    return _current_streams.get(index) or default_stream(index)
+
+
+@functools.cache
+def _default_stream(index: int) -> Stream:
+    return Stream(index)
+
+
+def default_stream(device=None) -> Stream:
+    return _default_stream(_index(device))
+
+
+def set_stream(stream) -> None:
+    _current_streams[stream.device.index] = stream
+
+
+def stream(stream) -> StreamContext:
+    return StreamContext(stream)
+
+
+# --- random numbers ------------------------------------------------------------
+
+
+def _rng():
+    from . import rng
+
+    return rng
+
+
+def manual_seed(seed: int) -> None:
+    _rng().manual_seed(seed, current_device())
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(max(device_count(), 1)):
+        _rng().manual_seed(seed, i)
+
+
+def seed() -> int:
+    return _rng().seed(current_device())
+
+
+def seed_all() -> None:
+    value = _rng().seed(0)
+    for i in range(1, device_count()):
+        _rng().manual_seed(value, i)
+
+
+def initial_seed() -> int:
+    return _rng().initial_seed(current_device())
+
+
+def get_rng_state(device="neuron") -> torch.Tensor:
+    return _rng().get_state(_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
+    _rng().set_state(new_state, _index(device))
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# --- memory ---------------------------------------------------------------------
+
+
+def _memory():
+    from ..runtime import memory
+
+    return memory
+
+
+def memory_allocated(device=None) -> int:
+    return _memory().allocated[_index(device)]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _memory().peak[_index(device)]
+
+
+def memory_reserved(device=None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _memory().reset_peak(_index(device))
+
+
+reset_max_memory_allocated = reset_peak_memory_stats
+
+
+def memory_stats(device=None) -> dict:
+    index = _index(device)
+    memory = _memory()
+    stats = {
+        "allocated_bytes.all.current": memory.allocated[index],
+        "allocated_bytes.all.peak": memory.peak[index],
+        "allocation.all.allocated": memory.allocations[index],
+    }
+    for name, value in (_jax_device(index).memory_stats() or {}).items():
+        stats[f"pjrt.{name}"] = value
+    return stats
+
+
+def mem_get_info(device=None):
+    stats = _jax_device(_index(device)).memory_stats() or {}
+    total = int(stats.get("bytes_limit", 0))
+    return (total - int(stats.get("bytes_in_use", 0)), total)
+
+
+def empty_cache() -> None:
+    """Drop cached eager executables; device buffers are freed as soon as tensors die."""
+    from ..runtime.cache import eager_cache
+
+    eager_cache.clear()
+
+
+# --- mixed precision -----------------------------------------------------------
+
+
+def get_amp_supported_dtype():
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# --- backend introspection ------------------------------------------------------
+
+
+def fallback_report() -> dict:
+    """CPU-fallback counts per op since start (or the last reset)."""
+    from ..eager import fallback
+
+    return fallback.report()
+
+
+def cache_stats() -> dict:
+    from ..runtime.cache import eager_cache
+
+    return eager_cache.stats()

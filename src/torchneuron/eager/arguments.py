@@ -1,0 +1,52 @@
+"""Turning an op's arguments into a hashable cache key plus the values that vary between calls.
+
+Tensors become slots (their view metadata goes into the key); Python floats
+become dynamic scalars so that, say, a changing learning rate does not
+recompile; everything else (ints, shapes, dtypes) is static and part of the key.
+"""
+import torch
+
+from ..runtime.tensor import NeuronTensor
+
+
+class TensorSlot(int):
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"T{int(self)}"
+
+
+class ScalarSlot(int):
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"S{int(self)}"
+
+
+def template(value, tensors: list, scalars: list, dynamic_floats: bool):
+    """`value` with tensors (and, if asked, floats) replaced by slots; collects them in order."""
+    kind = type(value)
+    if kind is NeuronTensor:
+        tensors.append(value)
+        return TensorSlot(len(tensors) - 1)
+    if kind is float and dynamic_floats:
+        scalars.append(value)
+        return ScalarSlot(len(scalars) - 1)
+    if kind is list or kind is tuple:
+        return tuple(template(v, tensors, scalars, dynamic_floats) for v in value)
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)  # a CPU (or other) tensor: the dispatcher checks and moves it
+        return TensorSlot(len(tensors) - 1)
+    return value
+
+
+def fill(value, tensors, scalars):
+    """The inverse of `template`: slots replaced by the given tensors/values."""
+    kind = type(value)
+    if kind is TensorSlot:
+        return tensors[value]
+    if kind is ScalarSlot:
+        return scalars[value]
+    if kind is tuple:
+        return [fill(v, tensors, scalars) for v in value]
+    return value

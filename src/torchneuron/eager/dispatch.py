@@ -1,0 +1,270 @@
+"""Op-by-op eager dispatch: every ATen call on neuron tensors arrives here.
+
+For each op and argument signature (shapes, strides, dtypes, static arguments)
+one XLA executable is built and cached. It reads its inputs straight from the
+storages through their views, runs the op's lowering, and writes in-place and
+out= results back through the views into the storages, whose old buffers it
+donates. PyTorch's meta kernels give the output metadata and, for bad input,
+PyTorch's own errors before anything is compiled.
+"""
+import math
+import warnings
+
+import jax
+import torch
+
+from ..device import rng
+from ..ops import registry
+from ..ops.graph import MissingLowering, lowering_for
+from ..runtime import layout
+from ..runtime.cache import eager_cache
+from ..runtime.dtypes import to_jax
+from ..runtime.storage import Storage
+from ..runtime.tensor import NeuronTensor, wrap
+from . import fallback, special, views
+from .arguments import fill, template
+
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+_HANDLERS = {}
+
+
+def dispatch(func, args, kwargs):
+    handler = _HANDLERS.get(func)
+    if handler is None:
+        handler = _HANDLERS[func] = _choose_handler(func)
+    return handler(func, args, kwargs)
+
+
+def _returns_view(func) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def _decompose(func, args, kwargs):
+    return func.decompose(*args, **kwargs)
+
+
+def _choose_handler(func):
+    if func in special.HANDLERS:
+        return special.HANDLERS[func]
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        # below autograd these arrive undecomposed; their decomposition calls ops we handle
+        return _decompose
+    if func in registry.DYNAMIC_SHAPE_OPS:
+        return special.data_dependent
+    if torch.Tag.inplace_view in func.tags:
+        return views.inplace_view
+    if _returns_view(func) and not registry.is_mutating(func):
+        return views.view
+    target = registry.functional_variant(func) if registry.is_mutating(func) else func
+    if target is None or lowering_for(target) is None:
+        return fallback.run_on_cpu
+    return Compute(func, target)
+
+
+class Compute:
+    """The handler of an op with a lowering: key -> cached executable -> outputs."""
+
+    def __init__(self, func, target):
+        self.func = func
+        self.target = target
+        self.lowering = lowering_for(target)
+        self.dynamic_floats = target in registry.LOWERINGS and target not in registry.STATIC_SCALAR_OPS
+        self.random = registry.is_random(target)
+        self.mutated_names = registry.mutated_arguments(func)
+        self.drop_kwargs = set(self.mutated_names) if registry.is_out(func) else set()
+
+    def __call__(self, func, args, kwargs):
+        tensors, scalars = [], []
+        targs = template(args, tensors, scalars, self.dynamic_floats)
+        tkwargs = tuple((k, template(v, tensors, scalars, self.dynamic_floats)) for k, v in kwargs.items())
+        if any(type(t) is not NeuronTensor for t in tensors):
+            special.bring_to_device(tensors)
+        storages, pattern, index = [], [], {}
+        for t in tensors:
+            s = t._storage
+            i = index.get(id(s))
+            if i is None:
+                i = index[id(s)] = len(storages)
+                storages.append(s)
+            pattern.append(i)
+        key = (
+            func,
+            targs,
+            tkwargs,
+            tuple(t._spec for t in tensors),
+            tuple(pattern),
+            tuple(s.numel for s in storages),
+            tuple(type(s) for s in scalars),
+        )
+        entry = eager_cache.get(key)
+        if entry is None:
+            try:
+                entry = Executable(self, targs, tkwargs, tensors, pattern, storages, scalars)
+            except MissingLowering:
+                entry = fallback.run_on_cpu
+            eager_cache.put(key, entry)
+        if entry is fallback.run_on_cpu:
+            return fallback.run_on_cpu(func, args, kwargs)
+        return entry.run(tensors, storages, scalars)
+
+
+def _meta_spec(t: torch.Tensor):
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+
+
+def _flatten(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _flatten(v)]
+    return [value]
+
+
+def _check_same_device(tensors):
+    devices = {t._spec[4] for t in tensors}
+    if len(devices) > 1:
+        a, b = sorted(devices)[:2]
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, neuron:{a} and neuron:{b}!"
+        )
+
+
+class Executable:
+    """One compiled program for one op signature, with the plan for its outputs."""
+
+    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars):
+        _check_same_device(tensors)
+        self.device_index = tensors[0]._spec[4] if tensors else 0
+        specs = [t._spec for t in tensors]
+        bases = {}
+        meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
+        before = [_meta_spec(m) for m in meta_tensors]
+        meta_args = fill(targs, meta_tensors, scalars)
+        meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
+        meta_out = op.func(*meta_args, **meta_kwargs)
+
+        by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
+        mutated = []
+        for name in op.mutated_names:
+            value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
+            mutated.extend(by_identity[id(m)] for m in _flatten(value) if m is not None)
+        self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
+        self.mutated = [i for i in mutated if i not in self.resized]
+        self.mutated_storages = sorted({pattern[i] for i in self.mutated})
+        self.read_storages = [s for s in range(len(storages)) if s not in self.mutated_storages]
+        fresh = []
+        self.plan = _output_plan(meta_out, by_identity, fresh)
+        self.fresh_specs = [_meta_spec(m) for m in fresh]
+        self.random = op.random
+        self.storage_dtypes = [s.dtype for s in storages]
+
+        lowering, drop = op.lowering, op.drop_kwargs
+        n_fresh = len(fresh)
+        mutated_storages, read_storages = self.mutated_storages, self.read_storages
+        resized, mutated_list = self.resized, self.mutated
+        new_specs, fresh_specs = self.new_specs, self.fresh_specs
+        storage_dtypes = self.storage_dtypes
+
+        def program(mutable_buffers, read_buffers, dynamic_scalars, key):
+            buffers = dict(zip(mutated_storages, mutable_buffers))
+            buffers.update(zip(read_storages, read_buffers))
+            values = [_read(buffers[p], spec) for spec, p in zip(specs, pattern)]
+            call_args = fill(targs, values, dynamic_scalars)
+            call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
+            if key is not None:
+                call_kwargs["key"] = rng.key_from(key)
+            results = _flatten(lowering(*call_args, **call_kwargs))
+            outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
+            written = dict(zip(mutated, results[n_fresh:]))
+            for i in mutated_list:
+                p = pattern[i]
+                buffers[p] = _write(buffers[p], written[i], specs[i], storage_dtypes[p])
+            outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
+            return [buffers[p] for p in mutated_storages], outputs
+
+        self.compiled = jax.jit(program, donate_argnums=(0,))
+
+    def run(self, tensors, storages, scalars):
+        mutable = [storages[p].buffer for p in self.mutated_storages]
+        readonly = [storages[p].buffer for p in self.read_storages]
+        key = rng.next_key(self.device_index) if self.random else None
+        new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
+        for p, buffer in zip(self.mutated_storages, new_buffers):
+            storages[p].buffer = buffer
+        fresh = [_wrap_new(buf, spec, self.device_index) for buf, spec in zip(outputs, self.fresh_specs)]
+        for i, buf, spec in zip(self.resized, outputs[len(self.fresh_specs):], self.new_specs):
+            views.reset_view(tensors[i], _storage_for(buf, spec, self.device_index), spec)
+        return _build_output(self.plan, tensors, fresh)
+
+
+def _position(func, name) -> int:
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == name:
+            return i
+    raise KeyError(name)
+
+
+def _output_plan(meta_out, by_identity, fresh):
+    if isinstance(meta_out, torch.Tensor):
+        i = by_identity.get(id(meta_out))
+        if i is not None:
+            return ("arg", i)
+        fresh.append(meta_out)
+        return ("new", len(fresh) - 1)
+    if isinstance(meta_out, (tuple, list)):
+        return (type(meta_out), [_output_plan(m, by_identity, fresh) for m in meta_out])
+    return ("const", meta_out)
+
+
+def _build_output(plan, tensors, fresh):
+    kind, value = plan
+    if kind == "arg":
+        return tensors[value]
+    if kind == "new":
+        return fresh[value]
+    if kind == "const":
+        return value
+    return kind(_build_output(p, tensors, fresh) for p in value)
+
+
+def _read(buffer, spec):
+    shape, stride, offset, dtype, _ = spec
+    value = layout.read(buffer, shape, stride, offset)
+    wanted = to_jax(dtype)
+    if value.dtype != wanted:
+        value = jax.lax.bitcast_convert_type(value, wanted)
+    return value
+
+
+def _write(buffer, value, spec, storage_dtype):
+    shape, stride, offset, dtype, _ = spec
+    value = value.astype(to_jax(dtype))
+    if dtype != storage_dtype:
+        value = jax.lax.bitcast_convert_type(value, to_jax(storage_dtype))
+    return layout.write(buffer, value, shape, stride, offset)
+
+
+def _materialize(value, spec):
+    """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
+    shape, stride, offset, dtype = spec
+    value = jax.numpy.broadcast_to(value.astype(to_jax(dtype)), shape)
+    if offset == 0 and layout.is_contiguous(shape, stride):
+        return value.reshape(-1)
+    numel = _storage_numel(shape, stride, offset)
+    return layout.write(jax.numpy.zeros((numel,), value.dtype), value, shape, stride, offset)
+
+
+def _storage_numel(shape, stride, offset) -> int:
+    if math.prod(shape) == 0:
+        return offset
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _storage_for(buffer, spec, device_index) -> Storage:
+    return Storage(buffer.shape[0], spec[3], device_index, buffer)
+
+
+def _wrap_new(buffer, spec, device_index) -> NeuronTensor:
+    shape, stride, offset, dtype = spec
+    return wrap(_storage_for(buffer, spec, device_index), shape, stride, offset, dtype)
+

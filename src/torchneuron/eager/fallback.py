@@ -1,0 +1,88 @@
+"""CPU fallback for ops without a lowering: visible, counted, and optionally an error.
+
+`TORCHNEURON_FALLBACK=error` turns every fallback into NotImplementedError.
+"""
+import collections
+import os
+import warnings
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..ops.registry import mutated_arguments
+from ..runtime.tensor import NeuronTensor
+
+counts = collections.Counter()
+_warned = set()
+
+
+def strict() -> bool:
+    return os.environ.get("TORCHNEURON_FALLBACK", "").lower() == "error"
+
+
+class FallbackError(NotImplementedError):
+    pass
+
+
+def run_on_cpu(func, args, kwargs):
+    name = str(func)
+    if strict():
+        raise FallbackError(
+            f"torchneuron: {name} has no neuron lowering and CPU fallback is disabled "
+            "(TORCHNEURON_FALLBACK=error). Please report the op name at the project's issue tracker."
+        )
+    counts[name] += 1
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU", stacklevel=3)
+    device = None
+    copies = {}
+
+    def to_cpu(value):
+        nonlocal device
+        if isinstance(value, NeuronTensor):
+            device = device or value.device
+            copy = copies[id(value)] = (value, value.cpu())
+            return copy[1]
+        return value
+
+    cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
+    if "device" in cpu_kwargs and _is_neuron(cpu_kwargs["device"]):
+        device = torch.device(cpu_kwargs["device"])
+        cpu_kwargs["device"] = "cpu"
+    out = func(*cpu_args, **cpu_kwargs)
+    back = {id(cpu): neuron for neuron, cpu in copies.values()}
+    for name_ in mutated_arguments(func):
+        for neuron, cpu in copies.values():
+            if any(cpu is v for v in _values(cpu_args, cpu_kwargs, func, name_)):
+                neuron.copy_(cpu)
+
+    def to_neuron(value):
+        if isinstance(value, torch.Tensor):
+            original = back.get(id(value))
+            return original if original is not None else value.to(device)
+        return value
+
+    return tree_map(to_neuron, out)
+
+
+def _is_neuron(device) -> bool:
+    return device is not None and torch.device(device).type == "neuron"
+
+
+def _values(args, kwargs, func, name):
+    if name in kwargs:
+        value = kwargs[name]
+    else:
+        index = [a.name for a in func._schema.arguments].index(name)
+        value = args[index] if index < len(args) else None
+    return value if isinstance(value, (list, tuple)) else [value]
+
+
+def report() -> dict:
+    """Ops that ran on the CPU and how often, most frequent first."""
+    return dict(counts.most_common())
+
+
+def reset() -> None:
+    counts.clear()

@@ -1,0 +1,213 @@
+"""Ops that are not plain computations: transfers, host reads, storage changes."""
+import torch
+
+from ..runtime import transfer
+from ..runtime.storage import Storage
+from ..runtime.tensor import NeuronTensor, wrap
+from ..runtime.layout import contiguous_strides
+
+aten = torch.ops.aten
+HANDLERS = {}
+
+
+def handles(*ops):
+    def register(fn):
+        for op in ops:
+            HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
+    """A new contiguous neuron tensor holding a CPU tensor's values."""
+    buffer = transfer.host_to_device(tensor, device_index)
+    storage = Storage(buffer.shape[0], tensor.dtype, device_index, buffer)
+    return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
+
+
+def to_host(tensor: NeuronTensor) -> torch.Tensor:
+    """A new contiguous CPU tensor holding a neuron tensor's values."""
+    contiguous = aten.clone.default(tensor) if not _is_whole_storage(tensor) else tensor
+    return transfer.device_to_host(contiguous._storage.buffer, tensor.dtype).reshape(tensor.shape)
+
+
+def _is_whole_storage(t: NeuronTensor) -> bool:
+    from ..runtime.layout import covers_storage
+
+    shape, stride, offset, dtype, _ = t._spec
+    return dtype == t._storage.dtype and covers_storage(shape, stride, offset, t._storage.numel)
+
+
+def bring_to_device(tensors: list) -> None:
+    """Replace 0-dim CPU tensors (which PyTorch lets mix with device tensors) by neuron copies."""
+    device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
+    for i, t in enumerate(tensors):
+        if type(t) is NeuronTensor:
+            continue
+        if t.device.type == "cpu" and t.dim() == 0:
+            tensors[i] = from_host(t, device_index)
+        else:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"neuron:{device_index} and {t.device}!"
+            )
+
+
+@handles(aten.copy_.default)
+def copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, NeuronTensor):
+        return dst.copy_(to_host(src))
+    if not isinstance(src, NeuronTensor):
+        src = from_host(src, dst.device.index)
+    elif src.device != dst.device:
+        src = _move(src, dst.device.index)
+    return _computation(aten.copy_.default)(func, (dst, src), {})
+
+
+def _move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
+    contiguous = aten.clone.default(tensor, memory_format=torch.contiguous_format)
+    buffer = transfer.device_to_device(contiguous._storage.buffer, device_index)
+    storage = Storage(buffer.shape[0], tensor.dtype, device_index, buffer)
+    return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
+
+
+@handles(aten._to_copy.default)
+def to_copy(func, args, kwargs):
+    tensor = args[0]
+    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else tensor.device
+    if device.type != "neuron":
+        host = to_host(tensor)
+        rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
+        return host.to(device=device, **{"dtype": rest.get("dtype") or host.dtype})
+    index = device.index if device.index is not None else torch.neuron.current_device()
+    if index != tensor.device.index:
+        tensor = _move(tensor, index)
+    same_device = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking", "pin_memory")}
+    return _computation(aten._to_copy.default)(func, (tensor,), same_device)
+
+
+_COMPUTATIONS = {}
+
+
+def _computation(func):
+    """The generic compute handler for an op this module intercepts: once its device question is settled,
+    `copy_` and `_to_copy` within one device are ordinary computations."""
+    handler = _COMPUTATIONS.get(func)
+    if handler is None:
+        from ..ops.registry import functional_variant, is_mutating
+        from .dispatch import Compute
+
+        handler = _COMPUTATIONS[func] = Compute(func, functional_variant(func) if is_mutating(func) else func)
+    return handler
+
+
+@handles(aten._local_scalar_dense.default)
+def local_scalar_dense(func, args, kwargs):
+    return to_host(args[0]).item()
+
+
+@handles(aten.equal.default)
+def equal(func, args, kwargs):
+    a, b = args
+    if a.shape != b.shape:
+        return False
+    return bool(aten.all.default(aten.eq.Tensor(a, b)).item())
+
+
+@handles(aten.is_pinned.default)
+def is_pinned(func, args, kwargs):
+    return False
+
+
+@handles(aten.resize_.default)
+def resize_(func, args, kwargs):
+    from .views import reset_view
+
+    tensor, size = args[0], tuple(args[1])
+    strides = contiguous_strides(size)
+    offset = tensor.storage_offset()
+    needed = offset + (1 + sum((s - 1) * st for s, st in zip(size, strides)) if all(size) else 0)
+    storage = tensor._storage
+    if needed > storage.numel:
+        storage.resize(needed)
+    reset_view(tensor, storage, (size, strides, offset, tensor.dtype))
+    return tensor
+
+
+@handles(aten.set_.source_Tensor)
+def set_tensor(func, args, kwargs):
+    from .views import reset_view
+
+    tensor, source = args
+    reset_view(tensor, source._storage, source._spec)
+    return tensor
+
+
+@handles(aten.set_.source_Tensor_storage_offset)
+def set_tensor_view(func, args, kwargs):
+    from .views import reset_view
+
+    tensor, source, offset, size = args[:4]
+    stride = args[4] if len(args) > 4 else kwargs.get("stride") or contiguous_strides(size)
+    reset_view(tensor, source._storage, (tuple(size), tuple(stride), offset, tensor.dtype))
+    return tensor
+
+
+
+def _value(tensor: NeuronTensor):
+    """The tensor's values as a (contiguous) device array."""
+    contiguous = tensor if _is_whole_storage(tensor) else aten.clone.default(tensor)
+    return contiguous._storage.buffer.reshape(tensor.shape)
+
+
+def from_array(array, device_index: int) -> NeuronTensor:
+    from ..runtime.dtypes import to_torch
+
+    dtype = to_torch(array.dtype)
+    storage = Storage(array.size, dtype, device_index, array.reshape(-1))
+    return wrap(storage, tuple(array.shape), contiguous_strides(array.shape), 0, dtype)
+
+
+def data_dependent(func, args, kwargs):
+    """Ops whose output shape depends on the data: run the lowering on concrete arrays."""
+    from ..ops.registry import LOWERINGS
+    from torch.utils._pytree import tree_map
+
+    device_index = next(a.device.index for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                        if isinstance(a, NeuronTensor))
+    concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
+    out = LOWERINGS[func](*concrete[0], **concrete[1])
+    return tree_map(lambda a: from_array(a, device_index) if hasattr(a, "dtype") else a, out)
+
+
+def _masks_to_indices(indices):
+    """Boolean masks in an index list become the long indices of their nonzeros, as PyTorch expands them."""
+    expanded = []
+    for index in indices:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            expanded.extend(aten.nonzero.default(index).unbind(1))
+        else:
+            expanded.append(index)
+    return expanded
+
+
+def _has_mask(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+@handles(aten.index.Tensor)
+def index(func, args, kwargs):
+    x, indices = args
+    if _has_mask(indices):
+        indices = _masks_to_indices(indices)
+    return _computation(func)(func, (x, indices), kwargs)
+
+
+@handles(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+def index_put(func, args, kwargs):
+    x, indices, *rest = args
+    if _has_mask(indices):
+        indices = _masks_to_indices(indices)
+    return _computation(func)(func, (x, indices, *rest), kwargs)

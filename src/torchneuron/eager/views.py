@@ -1,0 +1,71 @@
+"""View ops: a new tensor over the same storage, metadata computed by PyTorch's meta kernels."""
+import torch
+
+from ..runtime.cache import ExecutableCache
+from ..runtime.tensor import NeuronTensor, wrap
+from .arguments import fill, template
+
+# view metadata depends only on the input's metadata and the static arguments
+_view_cache = ExecutableCache(16384)
+
+
+def meta_view(spec, storage, bases=None) -> torch.Tensor:
+    """A meta tensor with the view metadata of `spec` over a meta stand-in for `storage`.
+
+    Views sharing a storage share a meta base in `bases`, so overlap checks see the aliasing.
+    """
+    shape, stride, offset, dtype = spec[:4]
+    base = None if bases is None else bases.get((id(storage), dtype))
+    if base is None:
+        base = torch.empty(storage.nbytes // dtype.itemsize, dtype=dtype, device="meta")
+        if bases is not None:
+            bases[(id(storage), dtype)] = base
+    return base.as_strided(shape, stride, offset)
+
+
+def _meta_like(t: NeuronTensor) -> torch.Tensor:
+    return meta_view(t._spec, t._storage)
+
+
+def _spec_of(out: torch.Tensor):
+    return (tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype)
+
+
+def view(func, args, kwargs):
+    tensors, scalars = [], []
+    targs = template(args, tensors, scalars, False)
+    tkwargs = tuple((k, template(v, tensors, scalars, False)) for k, v in kwargs.items())
+    source = tensors[0]
+    key = (func, targs, tkwargs, source._spec, source._storage.numel)
+    specs = _view_cache.get(key)
+    if specs is None:
+        metas = [_meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
+        out = func(*fill(targs, metas, scalars), **{k: fill(v, metas, scalars) for k, v in tkwargs})
+        specs = [_spec_of(o) for o in out] if isinstance(out, (list, tuple)) else _spec_of(out)
+        _view_cache.put(key, specs)
+    storage = source._storage
+    if isinstance(specs, list):
+        return [wrap(storage, *spec) for spec in specs]
+    return wrap(storage, *specs)
+
+
+def reset_view(tensor: NeuronTensor, storage, spec) -> None:
+    """Point `tensor` at (storage, spec) in place, as resize_/set_/transpose_ do on the CPU."""
+    shape, stride, offset, dtype = spec[:4]
+    replacement = wrap(storage, shape, stride, offset, dtype)
+    torch._C._swap_tensor_impl(tensor, replacement)
+    tensor._storage = storage
+    tensor._spec = replacement._spec
+
+
+def inplace_view(func, args, kwargs):
+    tensor = args[0]
+    if func is torch.ops.aten.detach_.default:
+        return tensor
+    meta = _meta_like(tensor)
+    func(meta, *args[1:], **kwargs)
+    spec = _spec_of(meta)
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+        torch.ops.aten.as_strided_.default(tensor, spec[0], spec[1], spec[2])
+    tensor._spec = spec + (tensor._spec[4],)
+    return tensor

@@ -1,0 +1,16 @@
+"""The lowering table: ATen op overloads -> JAX functions, grouped by family.
+
+Importing this package registers every family. Eager, adaptive eager and
+torch.compile all read the same table through `registry.lowering_for`.
+"""
+from . import registry  # noqa: F401
+from . import (  # noqa: F401  (registration side effects)
+    elementwise,
+    factories,
+    indexing,
+    linalg,
+    nn,
+    random,
+    reductions,
+    shape,
+)

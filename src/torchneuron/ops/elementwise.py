@@ -1,0 +1,356 @@
+"""Elementwise ops: arithmetic, comparisons, activations and their backward formulas."""
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as special
+import torch
+from jax import lax
+
+from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote
+from .registry import lower
+
+aten = torch.ops.aten
+
+
+def _register_all(table, kind):
+    for op, fn in table:
+        lower(op)(elementwise(fn, kind=kind))
+
+
+def _is_integral(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _round_half_even(x):
+    return jnp.round(x)
+
+
+_register_all(
+    [
+        (aten.exp, jnp.exp),
+        (aten.exp2, jnp.exp2),
+        (aten.expm1, jnp.expm1),
+        (aten.log, jnp.log),
+        (aten.log2, jnp.log2),
+        (aten.log10, jnp.log10),
+        (aten.log1p, jnp.log1p),
+        (aten.sqrt, jnp.sqrt),
+        (aten.rsqrt, lax.rsqrt),
+        (aten.sin, jnp.sin),
+        (aten.cos, jnp.cos),
+        (aten.tan, jnp.tan),
+        (aten.asin, jnp.arcsin),
+        (aten.acos, jnp.arccos),
+        (aten.atan, jnp.arctan),
+        (aten.sinh, jnp.sinh),
+        (aten.cosh, jnp.cosh),
+        (aten.tanh, jnp.tanh),
+        (aten.asinh, jnp.arcsinh),
+        (aten.acosh, jnp.arccosh),
+        (aten.atanh, jnp.arctanh),
+        (aten.sigmoid, jax.nn.sigmoid),
+        (aten.erf, special.erf),
+        (aten.erfc, special.erfc),
+        (aten.erfinv, special.erfinv),
+        (aten.lgamma, special.gammaln),
+        (aten.digamma, special.digamma),
+        (aten.reciprocal, jnp.reciprocal),
+        (aten.atan2, jnp.arctan2),
+        (aten.div.Tensor, jnp.true_divide),
+        (aten.div.Scalar, jnp.true_divide),
+        (aten.logit, lambda x: jnp.log(x / (1 - x))),
+        (aten.sinc, jnp.sinc),
+        (aten.deg2rad, jnp.deg2rad),
+        (aten.rad2deg, jnp.rad2deg),
+    ],
+    INT_TO_FLOAT,
+)
+
+_register_all(
+    [
+        (aten.neg, jnp.negative),
+        (aten.abs, jnp.abs),
+        (aten.sign, jnp.sign),
+        (aten.sgn, jnp.sign),
+        (aten.square, jnp.square),
+        (aten.relu, jax.nn.relu),
+        (aten.floor, lambda x: x if _is_integral(x) else jnp.floor(x)),
+        (aten.ceil, lambda x: x if _is_integral(x) else jnp.ceil(x)),
+        (aten.trunc, lambda x: x if _is_integral(x) else jnp.trunc(x)),
+        (aten.frac, lambda x: x - jnp.trunc(x)),
+        (aten.round.default, lambda x: x if _is_integral(x) else _round_half_even(x)),
+        (aten.bitwise_not, lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)),
+        (aten.bitwise_and, jnp.bitwise_and),
+        (aten.bitwise_or, jnp.bitwise_or),
+        (aten.bitwise_xor, jnp.bitwise_xor),
+        (aten.maximum, jnp.maximum),
+        (aten.minimum, jnp.minimum),
+        (aten.fmax, jnp.fmax),
+        (aten.fmin, jnp.fmin),
+        (aten.mul, jnp.multiply),
+        (aten.hypot, jnp.hypot),
+        (aten.copysign, jnp.copysign),
+        (aten.nextafter, jnp.nextafter),
+        (aten.heaviside, lambda x, v: jnp.where(x == 0, v, (x > 0).astype(x.dtype))),
+    ],
+    DEFAULT,
+)
+
+_register_all(
+    [
+        (aten.eq, jnp.equal),
+        (aten.ne, jnp.not_equal),
+        (aten.lt, jnp.less),
+        (aten.le, jnp.less_equal),
+        (aten.gt, jnp.greater),
+        (aten.ge, jnp.greater_equal),
+        (aten.logical_and, jnp.logical_and),
+        (aten.logical_or, jnp.logical_or),
+        (aten.logical_xor, jnp.logical_xor),
+        (aten.logical_not, jnp.logical_not),
+        (aten.isnan, jnp.isnan),
+        (aten.isinf, jnp.isinf),
+        (aten.isfinite, jnp.isfinite),
+        (aten.isposinf, jnp.isposinf),
+        (aten.isneginf, jnp.isneginf),
+        (aten.signbit, jnp.signbit),
+    ],
+    ALWAYS_BOOL,
+)
+
+
+@lower(aten.add.Tensor, aten.add.Scalar)
+def add(x, y, *, alpha=1):
+    (x, y), result = promote(x, y)
+    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1):
+        y = y * cast(alpha, y.dtype) if y.dtype != jnp.bool_ else jnp.logical_and(y, alpha)
+    out = jnp.logical_or(x, y) if x.dtype == jnp.bool_ else x + y
+    return out.astype(result)
+
+
+@lower(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, y, *, alpha=1):
+    (x, y), result = promote(x, y)
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        y = y * cast(alpha, y.dtype)
+    return (x - y).astype(result)
+
+
+@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, y, *, alpha=1):
+    return sub(y, x, alpha=alpha)
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, y, *, rounding_mode=None):
+    if rounding_mode is None:
+        return elementwise(jnp.true_divide, INT_TO_FLOAT)(x, y)
+    (x, y), result = promote(x, y)
+    if rounding_mode == "trunc":
+        out = lax.div(x, y) if _is_integral(x) else jnp.trunc(x / y)
+    else:
+        out = jnp.floor_divide(x, y) if _is_integral(x) else jnp.floor(x / y)
+    return out.astype(result)
+
+
+@lower(aten.floor_divide)
+def floor_divide(x, y):
+    return div_mode(x, y, rounding_mode="floor")
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(x, y):
+    (x, y), result = promote(x, y)
+    return jnp.remainder(x, y).astype(result)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(x, y):
+    (x, y), result = promote(x, y)
+    return jnp.fmod(x, y).astype(result)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(x, y):
+    (x, y), result = promote(x, y)
+    return jnp.power(x, y).astype(result)
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    (x, lo, hi), result = promote(x, min, max)
+    out = x
+    if min is not None:
+        out = jnp.maximum(out, lo)
+    if max is not None:
+        out = jnp.minimum(out, hi)
+    return out.astype(result)
+
+
+@lower(aten.clamp_min)
+def clamp_min(x, min):
+    return clamp(x, min=min)
+
+
+@lower(aten.clamp_max)
+def clamp_max(x, max):
+    return clamp(x, max=max)
+
+
+@lower(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(condition, x, y):
+    (x, y), result = promote(x, y)
+    return jnp.where(condition, x, y).astype(result)
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, cast(value, x.dtype), x)
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(start, end, weight):
+    (start, end, weight), result = promote(start, end, weight)
+    return (start + weight * (end - start)).astype(result)
+
+
+@lower(aten.addcmul)
+def addcmul(x, a, b, *, value=1):
+    (x, a, b), result = promote(x, a, b)
+    return (x + cast(value, x.dtype) * a * b).astype(result)
+
+
+@lower(aten.addcdiv)
+def addcdiv(x, a, b, *, value=1):
+    (x, a, b), result = promote(x, a, b)
+    return (x + cast(value, x.dtype) * a / b).astype(result)
+
+
+@lower(aten.nan_to_num)
+def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    if _is_integral(x):
+        return x
+    info = jnp.finfo(x.dtype)
+    return jnp.nan_to_num(x, nan=nan, posinf=info.max if posinf is None else posinf, neginf=info.min if neginf is None else neginf)
+
+
+# --- activations -----------------------------------------------------------------
+
+
+def _gelu(x, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+lower(aten.gelu)(lambda x, *, approximate="none": elementwise(lambda v: _gelu(v, approximate), INT_TO_FLOAT)(x))
+lower(aten.silu)(elementwise(jax.nn.silu, INT_TO_FLOAT))
+lower(aten.mish)(elementwise(lambda x: x * jnp.tanh(jax.nn.softplus(x)), INT_TO_FLOAT))
+lower(aten.hardsigmoid)(elementwise(lambda x: jnp.clip(x / 6 + 0.5, 0, 1), DEFAULT))
+lower(aten.hardswish)(elementwise(lambda x: x * jnp.clip(x / 6 + 0.5, 0, 1), DEFAULT))
+
+
+@lower(aten.leaky_relu)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * cast(negative_slope, x.dtype))
+
+
+@lower(aten.elu)
+def elu(x, alpha=1, scale=1, input_scale=1):
+    (v,), result = promote(x)
+    neg = cast(alpha, v.dtype) * jnp.expm1(v * cast(input_scale, v.dtype))
+    return (cast(scale, v.dtype) * jnp.where(v > 0, v, neg)).astype(result)
+
+
+@lower(aten.hardtanh)
+def hardtanh(x, min_val=-1, max_val=1):
+    return jnp.clip(x, cast(min_val, x.dtype), cast(max_val, x.dtype))
+
+
+@lower(aten.softplus)
+def softplus(x, beta=1, threshold=20):
+    (v,), result = promote(x)
+    scaled = v * cast(beta, v.dtype)
+    return jnp.where(scaled > threshold, v, jnp.log1p(jnp.exp(scaled)) / cast(beta, v.dtype)).astype(result)
+
+
+@lower(aten.threshold)
+def threshold(x, threshold, value):
+    return jnp.where(x <= threshold, cast(value, x.dtype), x)
+
+
+# --- backward formulas -----------------------------------------------------------
+
+
+@lower(aten.threshold_backward)
+def threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros_like(grad), grad)
+
+
+@lower(aten.sigmoid_backward)
+def sigmoid_backward(grad, y):
+    (grad, y), result = promote(grad, y)
+    return (grad * y * (1 - y)).astype(result)
+
+
+@lower(aten.tanh_backward)
+def tanh_backward(grad, y):
+    (grad, y), result = promote(grad, y)
+    return (grad * (1 - y * y)).astype(result)
+
+
+@lower(aten.gelu_backward)
+def gelu_backward(grad, x, *, approximate="none"):
+    (grad, x), result = promote(grad, x)
+    _, vjp = jax.vjp(lambda v: _gelu(v, approximate), x)
+    return vjp(grad)[0].astype(result)
+
+
+@lower(aten.silu_backward)
+def silu_backward(grad, x):
+    (grad, x), result = promote(grad, x)
+    s = jax.nn.sigmoid(x)
+    return (grad * s * (1 + x * (1 - s))).astype(result)
+
+
+@lower(aten.leaky_relu_backward)
+def leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    return jnp.where(x > 0, grad, grad * cast(negative_slope, grad.dtype))
+
+
+@lower(aten.hardtanh_backward)
+def hardtanh_backward(grad, x, min_val, max_val):
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(grad), grad)
+
+
+# --- copies and casts ------------------------------------------------------------
+
+
+@lower(aten.clone)
+def clone(x, *, memory_format=None):
+    return x
+
+
+@lower(aten.copy)
+def copy(x, src, non_blocking=False):
+    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+
+
+@lower(aten._to_copy)
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    from ..runtime.dtypes import to_jax
+
+    return x if dtype is None else x.astype(to_jax(dtype))
+
+
+@lower(aten.fill.Scalar, aten.fill.Tensor)
+def fill(x, value):
+    return jnp.full(x.shape, cast(value, x.dtype))
+
+
+@lower(aten.zero)
+def zero(x):
+    return jnp.zeros_like(x)
+
+
+@lower(aten.lift_fresh_copy)
+def lift_fresh_copy(x):
+    return x
+

@@ -1,0 +1,120 @@
+"""Run an FX graph of ATen ops as JAX code through the lowering table.
+
+Shared by decomposition-based lowerings (eager), adaptive eager and torch.compile.
+"""
+import functools
+import operator
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx
+
+from ..runtime.dtypes import tensor_to_numpy, to_jax
+from . import registry
+
+
+class MissingLowering(NotImplementedError):
+    def __init__(self, op):
+        self.op = op
+        super().__init__(
+            f"torchneuron: no lowering for {op}. Please report it at the project's issue tracker "
+            "with the op name; meanwhile eager mode runs it on the CPU."
+        )
+
+
+def _cast_like(value, meta):
+    if isinstance(meta, torch.Tensor) and hasattr(value, "dtype"):
+        wanted = to_jax(meta.dtype)
+        if value.dtype != wanted:
+            return value.astype(wanted)
+    return value
+
+
+def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
+    env = {}
+    feed = iter(inputs)
+    for index, node in enumerate(gm.graph.nodes):
+        if node.op == "placeholder":
+            env[node] = next(feed)
+        elif node.op == "get_attr":
+            env[node] = jnp.asarray(tensor_to_numpy(getattr(gm, node.target)))
+        elif node.op == "call_function":
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            target = node.target
+            if target is operator.getitem:
+                env[node] = args[0][args[1]]
+                continue
+            fn = lowering_for(target)
+            if fn is None:
+                raise MissingLowering(target)
+            if registry.is_random(target):
+                kwargs = dict(kwargs, key=jax.random.fold_in(key, index))
+            out = fn(*args, **kwargs)
+            meta = node.meta.get("val")
+            if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):
+                out = type(out)(_cast_like(o, m) for o, m in zip(out, meta))
+            else:
+                out = _cast_like(out, meta)
+            env[node] = out
+        elif node.op == "output":
+            return torch.fx.node.map_arg(node.args[0], env.__getitem__)
+    raise AssertionError("graph has no output node")
+
+
+@functools.cache
+def _decomposition_table():
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table = dict(decomposition_table)
+    table.update(core_aten_decompositions())
+    return {op: fn for op, fn in table.items() if op not in registry.LOWERINGS}
+
+
+def _example(value):
+    if isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer):
+        from ..runtime.dtypes import to_torch
+
+        return torch.empty(value.shape, dtype=to_torch(value.dtype))
+    return value
+
+
+def _decomposed(op, decomposition):
+    def lowering(*args, key=None, **kwargs):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        is_array = [isinstance(v, (jax.Array, jax.core.Tracer)) for v in flat]
+        examples = [_example(v) for v, a in zip(flat, is_array) if a]
+
+        def traced(*tensors):
+            feed = iter(tensors)
+            filled = [next(feed) if a else v for v, a in zip(flat, is_array)]
+            call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
+            return decomposition(*call_args, **call_kwargs)
+
+        gm = make_fx(
+            torch.func.functionalize(traced, remove="mutations_and_views"),
+            decomposition_table=_decomposition_table(),
+            tracing_mode="fake",
+        )(*examples)
+        return run_graph(gm, [v for v, a in zip(flat, is_array) if a], key=key)
+
+    lowering.decomposed_from = op
+    return lowering
+
+
+_DECOMPOSED = {}
+
+
+def lowering_for(op):
+    """The JAX lowering of a functional op: registered, else traced from PyTorch's decomposition, else None."""
+    fn = registry.LOWERINGS.get(op)
+    if fn is not None:
+        return fn
+    if op in _DECOMPOSED:
+        return _DECOMPOSED[op]
+    decomposition = _decomposition_table().get(op)
+    fn = _decomposed(op, decomposition) if decomposition is not None else None
+    _DECOMPOSED[op] = fn
+    return fn

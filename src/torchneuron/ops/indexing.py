@@ -1,0 +1,127 @@
+"""Indexing, gather/scatter, masked ops."""
+import jax.numpy as jnp
+import torch
+
+from .promotion import cast
+from .registry import lower
+
+aten = torch.ops.aten
+
+
+def _dim(x, dim):
+    return dim % max(x.ndim, 1)
+
+
+def _advanced_index(x, indices):
+    """PyTorch's index list (None = full slice, bool masks already lowered to nonzero by PyTorch)."""
+    return tuple(slice(None) if index is None else index for index in indices)
+
+
+@lower(aten.index.Tensor)
+def index(x, indices):
+    return x[_advanced_index(x, indices)]
+
+
+@lower(aten.index_put)
+def index_put(x, indices, values, accumulate=False):
+    key = _advanced_index(x, indices)
+    values = values.astype(x.dtype)
+    return x.at[key].add(values) if accumulate else x.at[key].set(values)
+
+
+@lower(aten.index_select)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
+    return jnp.take(x, index, axis=_dim(x, dim))
+
+
+def _along(x, dim, index):
+    """Full index tuple addressing x[..., index[i, j, k], ...] along dim (PyTorch gather/scatter semantics)."""
+    grids = jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij")
+    grids[_dim(x, dim)] = index
+    return tuple(grids)
+
+
+@lower(aten.gather)
+def gather(x, dim, index, *, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    return x[_along(x, dim, index)]
+
+
+@lower(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    if x.ndim == 0:
+        return jnp.broadcast_to(cast(src, x.dtype), ()) if index.size else x
+    values = src[tuple(slice(0, s) for s in index.shape)] if hasattr(src, "ndim") and src.ndim else src
+    return x.at[_along(x, dim, index)].set(cast(values, x.dtype))
+
+
+@lower(aten.scatter_add)
+def scatter_add(x, dim, index, src):
+    if x.ndim == 0:
+        return x + jnp.sum(src) if index.size else x
+    values = src[tuple(slice(0, s) for s in index.shape)]
+    return x.at[_along(x, dim, index)].add(values.astype(x.dtype))
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    values = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
+    if reduce == "sum":
+        base = x if include_self else x.at[_along(x, dim, index)].set(0)
+        return base.at[_along(x, dim, index)].add(values)
+    if reduce == "prod":
+        base = x if include_self else x.at[_along(x, dim, index)].set(1)
+        return base.at[_along(x, dim, index)].multiply(values)
+    if reduce in ("amax", "amin"):
+        fill = jnp.finfo(x.dtype).min if reduce == "amax" else jnp.finfo(x.dtype).max
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            fill = jnp.iinfo(x.dtype).min if reduce == "amax" else jnp.iinfo(x.dtype).max
+        base = x if include_self else x.at[_along(x, dim, index)].set(fill)
+        return base.at[_along(x, dim, index)].max(values) if reduce == "amax" else base.at[_along(x, dim, index)].min(values)
+    if reduce == "mean":
+        base = x if include_self else x.at[_along(x, dim, index)].set(0)
+        sums = base.at[_along(x, dim, index)].add(values)
+        counts = jnp.ones_like(x) if include_self else jnp.zeros_like(x)
+        counts = counts.at[_along(x, dim, index)].add(1)
+        out = sums / jnp.maximum(counts, 1)
+        return out if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(sums, jnp.maximum(counts, 1))
+    raise NotImplementedError(f"torchneuron: scatter_reduce with reduce={reduce!r}")
+
+
+@lower(aten.index_add)
+def index_add(x, dim, index, source, *, alpha=1):
+    dim = _dim(x, dim)
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)
+    return x.at[tuple(key)].add(source.astype(x.dtype))
+
+
+@lower(aten.index_copy)
+def index_copy(x, dim, index, source):
+    dim = _dim(x, dim)
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    return x.at[tuple(key)].set(source.astype(x.dtype))
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    dim = _dim(x, dim)
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    return x.at[tuple(key)].set(cast(value, x.dtype)) if x.ndim else jnp.full_like(x, value)
+
+
+@lower(aten.nonzero, dynamic_shape=True)
+def nonzero(x):
+    return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)
+
+
+@lower(aten.masked_select, dynamic_shape=True)
+def masked_select(x, mask):
+    x, mask = jnp.broadcast_arrays(x, mask)
+    return x[mask]

@@ -1,0 +1,267 @@
+"""Neural-network ops: softmax, losses, normalisation, embedding, convolution, dropout."""
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .promotion import cast
+from .registry import lower
+
+aten = torch.ops.aten
+
+
+def _opmath(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+def _dim(x, dim):
+    return dim % max(x.ndim, 1)
+
+
+@lower(aten._softmax)
+def softmax(x, dim, half_to_float=False):
+    out = jax.nn.softmax(_opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.ones_like(_opmath(x))
+    return out if half_to_float else out.astype(x.dtype)
+
+
+@lower(aten._log_softmax)
+def log_softmax(x, dim, half_to_float=False):
+    out = jax.nn.log_softmax(_opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.zeros_like(_opmath(x))
+    return out if half_to_float else out.astype(x.dtype)
+
+
+@lower(aten._softmax_backward_data)
+def softmax_backward(grad, y, dim, input_dtype):
+    g, v = _opmath(grad), _opmath(y)
+    axis = _dim(y, dim)
+    return (v * (g - jnp.sum(g * v, axis=axis, keepdims=True))).astype(grad.dtype)
+
+
+@lower(aten._log_softmax_backward_data)
+def log_softmax_backward(grad, y, dim, input_dtype):
+    g, v = _opmath(grad), _opmath(y)
+    axis = _dim(y, dim)
+    return (g - jnp.exp(v) * jnp.sum(g, axis=axis, keepdims=True)).astype(grad.dtype)
+
+
+def _nll_pick(x, target, weight, ignore_index):
+    """Per-element -w[t] * x[t] and w[t] (zero where target == ignore_index); class dim is 1 (or 0 for 1-d x)."""
+    class_axis = 1 if x.ndim > 1 else 0
+    safe = jnp.where(target == ignore_index, 0, target)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), axis=class_axis).squeeze(class_axis)
+    w = jnp.ones_like(picked) if weight is None else weight.astype(x.dtype)[safe]
+    w = jnp.where(target == ignore_index, 0, w)
+    return -picked * w, w
+
+
+@lower(aten.nll_loss_forward, aten.nll_loss2d_forward)
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    losses, w = _nll_pick(x, target, weight, ignore_index)
+    if reduction == 0:
+        return losses, jnp.zeros((), x.dtype)
+    total = jnp.sum(w)
+    if reduction == 1:
+        return jnp.sum(losses) / total, total
+    return jnp.sum(losses), total
+
+
+@lower(aten.nll_loss_backward, aten.nll_loss2d_backward)
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    class_axis = 1 if x.ndim > 1 else 0
+    _, w = _nll_pick(x, target, weight, ignore_index)
+    scale = w * (grad if reduction == 0 else (grad / total_weight if reduction == 1 else grad))
+    safe = jnp.where(target == ignore_index, 0, target)
+    onehot = jax.nn.one_hot(safe, x.shape[class_axis], dtype=x.dtype, axis=class_axis)
+    return -onehot * jnp.expand_dims(scale, class_axis)
+
+
+def _normalize(v, axes, eps):
+    mean = jnp.mean(v, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(v - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    return (v - mean) * rstd, mean, rstd
+
+
+def _affine(out, weight, bias, shape):
+    if weight is not None:
+        out = out * _opmath(weight).reshape(shape)
+    if bias is not None:
+        out = out + _opmath(bias).reshape(shape)
+    return out
+
+
+@lower(aten.native_layer_norm)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    out, mean, rstd = _normalize(_opmath(x), axes, eps)
+    return _affine(out, weight, bias, tuple(normalized_shape)).astype(x.dtype), mean, rstd
+
+
+@lower(aten.native_layer_norm_backward)
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    g, v = _opmath(grad), _opmath(x)
+    xhat = (v - mean) * rstd
+    wg = g * _opmath(weight) if weight is not None else g
+    dx = rstd * (wg - jnp.mean(wg, axis=axes, keepdims=True) - xhat * jnp.mean(wg * xhat, axis=axes, keepdims=True))
+    dw = jnp.sum(g * xhat, axis=lead) if weight is not None and output_mask[1] else None
+    db = jnp.sum(g, axis=lead) if bias is not None and output_mask[2] else None
+    return dx if output_mask[0] else None, dw, db
+
+
+def _channel_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+@lower(aten._native_batch_norm_legit_functional)
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    v = _opmath(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = _channel_shape(x)
+    if training:
+        out, mean, rstd = _normalize(v, axes, eps)
+        n = v.size // v.shape[1]
+        batch_var = jnp.var(v, axis=axes) * (n / max(n - 1, 1))
+        new_mean = (1 - momentum) * running_mean + momentum * mean.reshape(-1)
+        new_var = (1 - momentum) * running_var + momentum * batch_var
+        out = _affine(out, weight, bias, shape)
+        return out.astype(x.dtype), mean.reshape(-1), rstd.reshape(-1), new_mean, new_var
+    rstd = lax.rsqrt(_opmath(running_var) + eps)
+    out = (v - _opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
+    out = _affine(out, weight, bias, shape)
+    empty = jnp.zeros((0,), jnp.float32)
+    return out.astype(x.dtype), empty, empty, running_mean, running_var
+
+
+@lower(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training)
+def batch_norm_no_stats(x, weight, bias, *rest):
+    if len(rest) == 3:  # _native_batch_norm_legit_no_training(x, w, b, running_mean, running_var, momentum, eps)
+        running_mean, running_var, _momentum = rest
+        return batch_norm_functional(x, weight, bias, running_mean, running_var, False, 0.0, _momentum)[:3]
+    training, momentum, eps = rest
+    v = _opmath(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    out, mean, rstd = _normalize(v, axes, eps)
+    return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
+
+
+@lower(aten.native_batch_norm_backward)
+def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    g, v = _opmath(grad), _opmath(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = _channel_shape(x)
+    if train:
+        mean, rstd = save_mean.reshape(shape), save_invstd.reshape(shape)
+    else:
+        mean, rstd = _opmath(running_mean).reshape(shape), lax.rsqrt(_opmath(running_var) + eps).reshape(shape)
+    xhat = (v - mean) * rstd
+    w = _opmath(weight).reshape(shape) if weight is not None else 1.0
+    if train:
+        dx = w * rstd * (g - jnp.mean(g, axis=axes, keepdims=True) - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
+    else:
+        dx = g * w * rstd
+    dw = jnp.sum(g * xhat, axis=axes) if output_mask[1] else None
+    db = jnp.sum(g, axis=axes) if output_mask[2] else None
+    return dx if output_mask[0] else None, dw, db
+
+
+@lower(aten.embedding)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lower(aten.embedding_dense_backward)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    g = _opmath(grad).reshape(flat.shape[0], -1)
+    if padding_idx >= 0:
+        g = jnp.where((flat == padding_idx)[:, None], 0, g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[flat].add(1)
+        g = g / counts[flat][:, None]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[flat].add(g).astype(grad.dtype)
+
+
+def _conv_dimension_numbers(n):
+    spatial = "DHW"[-n:] if n <= 3 else None
+    return (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    n = x.ndim - 2
+    numbers = _conv_dimension_numbers(n)
+    acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            dimension_numbers=numbers, feature_group_count=groups, preferred_element_type=acc,
+        ).astype(x.dtype)
+    # a transposed convolution is the gradient of a convolution: dilate the input, flip the kernel
+    cin = w.shape[0]
+    w = w.reshape((groups, cin // groups) + w.shape[1:])
+    w = jnp.swapaxes(w, 1, 2).reshape((w.shape[2] * groups, cin // groups) + w.shape[3:])
+    w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+    pads = [
+        (d * (k - 1) - p, d * (k - 1) - p + op)
+        for k, p, d, op in zip(w.shape[2:], padding, dilation, output_padding)
+    ]
+    return lax.conv_general_dilated(
+        x, w, window_strides=(1,) * n, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
+        dimension_numbers=numbers, feature_group_count=groups, preferred_element_type=acc,
+    ).astype(x.dtype)
+
+
+def _expand(values, n):
+    values = list(values)
+    return values * n if len(values) == 1 else values
+
+
+@lower(aten.convolution)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    n = x.ndim - 2
+    out = _conv(x, w, _expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed,
+                _expand(output_padding, n), groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
+    return out
+
+
+@lower(aten.convolution_backward)
+def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                         output_mask):
+    n = x.ndim - 2
+    args = (_expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed, _expand(output_padding, n),
+            groups)
+    _, vjp = jax.vjp(lambda a, b: _conv(a, b, *args), x, w)
+    dx, dw = vjp(grad)
+    db = jnp.sum(_opmath(grad), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype) if output_mask[2] else None
+    return dx if output_mask[0] else None, dw if output_mask[1] else None, db
+
+
+@lower(aten.native_dropout, random=True)
+def native_dropout(x, p, train, *, key):
+    if not train or p == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key, 1 - p, x.shape)
+    scale = cast(1.0 / (1 - p), x.dtype) if p < 1 else cast(0.0, x.dtype)
+    return jnp.where(keep, x * scale, jnp.zeros_like(x)), keep
+
+
+@lower(aten.native_dropout_backward)
+def native_dropout_backward(grad, mask, scale):
+    return grad * mask.astype(grad.dtype) * cast(scale, grad.dtype)
+
+
+@lower(aten.mse_loss)
+def mse_loss(x, target, reduction=1):
+    return _reduce(jnp.square(x - target), reduction)
+
+
+def _reduce(losses, reduction):
+    if reduction == 0:
+        return losses
+    if reduction == 1:
+        return jnp.mean(_opmath(losses)).astype(losses.dtype)
+    return jnp.sum(_opmath(losses)).astype(losses.dtype)

@@ -1,0 +1,66 @@
+"""PyTorch's type promotion, applied at trace time to JAX values."""
+import jax
+import jax.numpy as jnp
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ..runtime.dtypes import to_jax, to_torch
+
+DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+ALWAYS_BOOL = ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL
+COMPLEX_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.COMPLEX_TO_FLOAT
+NO_OPMATH = ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH
+BOOL_TO_LONG = ELEMENTWISE_TYPE_PROMOTION_KIND.BOOL_TO_LONG
+
+
+def is_array(value) -> bool:
+    return isinstance(value, (jax.Array, jax.core.Tracer))
+
+
+def _is_python_scalar(value) -> bool:
+    """Dynamic Python scalars arrive as weakly typed 0-d values and promote like Python numbers."""
+    return is_array(value) and value.ndim == 0 and getattr(jax.typeof(value), "weak_type", False)
+
+
+def _example(value):
+    if _is_python_scalar(value):
+        kind = jnp.dtype(value.dtype).kind
+        return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}[kind]
+    if is_array(value):
+        return torch.empty(value.shape, dtype=to_torch(value.dtype), device="meta")
+    return value
+
+
+def dtypes(*values, kind=DEFAULT):
+    """(computation dtype, result dtype) as JAX dtypes, by PyTorch's rules."""
+    examples = [_example(v) for v in values if v is not None]
+    compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
+    return to_jax(compute), to_jax(result)
+
+
+def cast(value, dtype):
+    if is_array(value):
+        return value.astype(dtype) if value.dtype != dtype else value
+    return jnp.asarray(value, dtype=dtype)
+
+
+def promote(*values, kind=DEFAULT):
+    """The values cast to their computation dtype, and the result dtype."""
+    compute, result = dtypes(*values, kind=kind)
+    return [None if v is None else cast(v, compute) for v in values], result
+
+
+def elementwise(fn, kind=DEFAULT):
+    """Lift `fn` of arrays in the computation dtype to a lowering with PyTorch's promotion."""
+
+    def lowering(*values):
+        cast_values, result = promote(*values, kind=kind)
+        return fn(*cast_values).astype(result)
+
+    lowering.__name__ = getattr(fn, "__name__", "elementwise")
+    return lowering
+
+
+def torch_dtype(value) -> torch.dtype:
+    return to_torch(value.dtype)

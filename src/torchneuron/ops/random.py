@@ -1,0 +1,86 @@
+"""Random ops, each drawing from a key the dispatcher takes from the device generator."""
+import jax
+import jax.numpy as jnp
+import torch
+
+from .registry import lower
+
+aten = torch.ops.aten
+
+
+def _float(x):
+    return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+
+
+@lower(aten.uniform, random=True)
+def uniform(x, low=0.0, high=1.0, *, generator=None, key):
+    sample = jax.random.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
+    return (low + sample * (high - low)).astype(x.dtype)
+
+
+@lower(aten.normal_functional, random=True)
+def normal(x, mean=0.0, std=1.0, *, generator=None, key):
+    sample = jax.random.normal(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
+    return (mean + sample * std).astype(x.dtype)
+
+
+@lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
+def normal_tensors(mean, std=1.0, *, generator=None, key):
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    dtype = _float(mean) if hasattr(mean, "dtype") else _float(std)
+    return (mean + jax.random.normal(key, shape, dtype) * std).astype(dtype)
+
+
+@lower(aten.bernoulli.p, random=True)
+def bernoulli_p(x, p=0.5, *, generator=None, key):
+    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+
+
+@lower(aten.bernoulli.default, aten.bernoulli.Tensor, random=True)
+def bernoulli(x, p=None, *, generator=None, key):
+    probability = x if p is None else jnp.broadcast_to(p, x.shape)
+    return (jax.random.uniform(key, x.shape, jnp.float32) < probability.astype(jnp.float32)).astype(x.dtype)
+
+
+@lower(getattr(aten.random, "from"), random=True)
+def random_from(x, low, high=None, *, generator=None, key):
+    high = _random_high(x) if high is None else high
+    return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64).astype(x.dtype)
+
+
+@lower(aten.random.to, random=True)
+def random_to(x, high, *, generator=None, key):
+    return random_from(x, 0, high, key=key)
+
+
+@lower(aten.random.default, random=True)
+def random_default(x, *, generator=None, key):
+    return random_from(x, 0, None, key=key)
+
+
+def _random_high(x):
+    if x.dtype == jnp.bool_:
+        return 2
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return 2 ** jnp.finfo(x.dtype).nmant + 1
+    return int(jnp.iinfo(x.dtype).max) + 1 if x.dtype != jnp.int64 else 2**63 - 1
+
+
+@lower(aten.exponential, random=True)
+def exponential(x, lambd=1.0, *, generator=None, key):
+    return (jax.random.exponential(key, x.shape, _float(x)) / lambd).astype(x.dtype)
+
+
+@lower(aten.randperm.default, random=True, static_scalars=True)
+def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None, key):
+    return jax.random.permutation(key, n)
+
+
+@lower(aten.rand_like, random=True)
+def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    return jax.random.uniform(key, x.shape, jnp.float32)
+
+
+@lower(aten.randn_like, random=True)
+def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    return jax.random.normal(key, x.shape, jnp.float32)

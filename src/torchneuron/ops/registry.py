@@ -1,0 +1,113 @@
+"""The lowering registry.
+
+A lowering is a plain function of JAX arrays and the op's other arguments, for
+the op's *functional* overload; in-place and out= overloads are derived from
+it by the dispatcher. Ops with no lowering are tried through PyTorch's own
+decompositions (traced into the same JAX program) before falling back.
+"""
+import torch
+
+LOWERINGS: dict = {}
+RANDOM_OPS: set = set()
+STATIC_SCALAR_OPS: set = set()
+DYNAMIC_SHAPE_OPS: set = set()
+
+
+def _overloads(op):
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
+def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shape: bool = False):
+    """Register `fn` as the lowering of each op (an overload, or every functional overload of a packet).
+
+    Random lowerings take a `key` keyword: a JAX PRNG key drawn from the device generator.
+    Float arguments arrive as traced scalars (so new values do not recompile) unless
+    `static_scalars` asks for Python numbers, for lowerings that shape their output by them.
+    `dynamic_shape` lowerings (nonzero, masked_select...) have data-dependent output shapes:
+    eager runs them on concrete arrays, outside any compiled program.
+    """
+
+    def register(fn):
+        for op in ops:
+            for overload in _overloads(op):
+                if isinstance(op, torch._ops.OpOverloadPacket) and is_mutating(overload):
+                    continue
+                LOWERINGS[overload] = fn
+                if random:
+                    RANDOM_OPS.add(overload)
+                if static_scalars:
+                    STATIC_SCALAR_OPS.add(overload)
+                if dynamic_shape:
+                    DYNAMIC_SHAPE_OPS.add(overload)
+        return fn
+
+    return register
+
+
+def is_random(op) -> bool:
+    """Random ops take a PRNG `key`: PyTorch tags them nondeterministic_seeded."""
+    return op in RANDOM_OPS or torch.Tag.nondeterministic_seeded in op.tags
+
+
+def is_mutating(op) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def is_out(op) -> bool:
+    """out= overloads write to keyword-only arguments; in-place ones to `self`."""
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def mutated_arguments(op) -> list:
+    return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _signature_without(op, skip) -> tuple:
+    return tuple((a.name, str(a.type)) for a in op._schema.arguments if a.name not in skip)
+
+
+_FUNCTIONAL = {}
+
+
+def functional_variant(op):
+    """The functional overload computing what a mutating op writes (None when there is none).
+
+    Its outputs are the mutating op's fresh (non-aliasing) returns followed by the
+    new values of the mutated arguments, the convention of PyTorch's functionalization.
+    """
+    if op in _FUNCTIONAL:
+        return _FUNCTIONAL[op]
+    out = is_out(op)
+    mutated = set(mutated_arguments(op))
+    wanted = _signature_without(op, mutated if out else set())
+    name = op._schema.name.split("::")[1]
+    if out:
+        candidates = [name]
+    elif name.endswith("_"):
+        candidates = [name[:-1], name[:-1] + "_functional"]
+    else:
+        candidates = [name + "_functional"]
+    _FUNCTIONAL[op] = next(
+        (
+            overload
+            for candidate in candidates
+            if hasattr(torch.ops.aten, candidate)
+            for overload in _overloads(getattr(torch.ops.aten, candidate))
+            if not is_mutating(overload) and _matches(overload, wanted)
+        ),
+        None,
+    )
+    return _FUNCTIONAL[op]
+
+
+def _matches(candidate, wanted) -> bool:
+    """Same arguments, allowing the candidate extra keyword-only ones with defaults (dtype=, device=)."""
+    wanted = set(wanted)
+    for a in candidate._schema.arguments:
+        if (a.name, str(a.type)) in wanted:
+            wanted.discard((a.name, str(a.type)))
+        elif not (a.kwarg_only and a.has_default_value()):
+            return False
+    return not wanted

@@ -1,0 +1,67 @@
+"""torch dtype <-> JAX dtype."""
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+_TORCH_TO_JAX = {
+    torch.float32: jnp.float32,
+    torch.float64: jnp.float64,
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int64: jnp.int64,
+    torch.int32: jnp.int32,
+    torch.int16: jnp.int16,
+    torch.int8: jnp.int8,
+    torch.uint8: jnp.uint8,
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.uint64: jnp.uint64,
+    torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64,
+    torch.complex128: jnp.complex128,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn,
+    torch.float8_e5m2: jnp.float8_e5m2,
+}
+_JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+
+# numpy cannot hold these, so host transfers reinterpret their bits.
+_BITCAST_FOR_HOST = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.int8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.int8, ml_dtypes.float8_e5m2),
+}
+
+
+def to_jax(dtype: torch.dtype):
+    try:
+        return _TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise NotImplementedError(
+            f"torchneuron: dtype {dtype} is not supported on the neuron device"
+        ) from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return _JAX_TO_TORCH[np.dtype(dtype)]
+
+
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a numpy array (sharing memory where numpy can)."""
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if tensor.dtype in _BITCAST_FOR_HOST:
+        carrier, np_dtype = _BITCAST_FOR_HOST[tensor.dtype]
+        return tensor.view(carrier).numpy().view(np_dtype)
+    return tensor.numpy()
+
+
+def numpy_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor owning a copy of `array`, whose dtype corresponds to `dtype`."""
+    array = np.array(array, copy=True)
+    if dtype in _BITCAST_FOR_HOST:
+        carrier, _ = _BITCAST_FOR_HOST[dtype]
+        return torch.from_numpy(array.view(_NUMPY_CARRIER[carrier])).view(dtype)
+    return torch.from_numpy(array)
+
+
+_NUMPY_CARRIER = {torch.int16: np.int16, torch.int8: np.int8}

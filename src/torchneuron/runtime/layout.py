@@ -1,0 +1,121 @@
+"""Reading and writing a strided view of a flat storage buffer, inside traced JAX code.
+
+A view is (shape, stride, offset) over a 1-D buffer, exactly as in PyTorch.
+Most views (contiguous blocks, transposes, slices with steps, diagonals,
+expands) are a slice of the buffer reshaped into blocks, so they lower to
+slice/reshape/transpose/broadcast, which XLA fuses into the consuming op. Only
+overlapping views (`unfold` windows, odd `as_strided`) take a gather.
+All arguments other than the buffer and value are static Python ints.
+"""
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape, stride) -> bool:
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size == 1:
+            continue
+        if st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def covers_storage(shape, stride, offset, storage_numel) -> bool:
+    """True when the view is the whole storage in row-major order (reads are a reshape)."""
+    return offset == 0 and math.prod(shape) == storage_numel and is_contiguous(shape, stride)
+
+
+def _block_plan(shape, stride):
+    """How to address a view as a block of the buffer, or None when it overlaps itself.
+
+    Returns (order, sorted_sizes, sorted_strides, broadcast_dims).
+    """
+    dims = [d for d in range(len(shape)) if shape[d] != 1 and stride[d] != 0]
+    broadcast_dims = tuple(d for d in range(len(shape)) if shape[d] != 1 and stride[d] == 0)
+    order = sorted(dims, key=lambda d: -stride[d])
+    sizes = [shape[d] for d in order]
+    strides = [stride[d] for d in order]
+    for k in range(len(order) - 1):
+        if strides[k] % strides[k + 1] or strides[k] < sizes[k + 1] * strides[k + 1]:
+            return None
+    if strides and strides[-1] < 0:
+        return None
+    return order, sizes, strides, broadcast_dims
+
+
+def _region(buffer, offset, sizes, strides):
+    """The buffer region the block spans, reshaped so the view is a leading-corner slice of it."""
+    length = sizes[0] * strides[0]
+    available = buffer.shape[0] - offset
+    region = lax.slice(buffer, (offset,), (offset + min(length, available),))
+    if length > available:
+        region = jnp.pad(region, (0, length - available))
+    block_shape = [sizes[0]] + [strides[k - 1] // strides[k] for k in range(1, len(sizes))] + [strides[-1]]
+    return region.reshape(block_shape)
+
+
+def _corner(sizes):
+    return tuple(slice(0, s) for s in sizes) + (0,)
+
+
+def _gather_indices(shape, stride, offset):
+    index = jnp.full(shape, offset, dtype=jnp.int64)
+    for d, (size, st) in enumerate(zip(shape, stride)):
+        if size != 1 and st != 0:
+            index = index + lax.broadcasted_iota(jnp.int64, shape, d) * st
+    return index
+
+
+def read(buffer, shape, stride, offset):
+    """The view's values as an array of `shape`."""
+    shape = tuple(shape)
+    if covers_storage(shape, stride, offset, buffer.shape[0]):
+        return buffer.reshape(shape)
+    if math.prod(shape) == 0:
+        return jnp.zeros(shape, buffer.dtype)
+    plan = _block_plan(shape, stride)
+    if plan is None:
+        return buffer[_gather_indices(shape, stride, offset)]
+    order, sizes, strides, broadcast_dims = plan
+    if not order:
+        values = buffer[offset]
+    else:
+        values = _region(buffer, offset, sizes, strides)[_corner(sizes)]
+        values = jnp.transpose(values, np.argsort(order))
+    kept_shape = tuple(1 if d in broadcast_dims else s for d, s in enumerate(shape))
+    return jnp.broadcast_to(values.reshape(kept_shape), shape)
+
+
+def write(buffer, value, shape, stride, offset):
+    """The buffer after writing `value` (already of `shape` and the buffer's dtype) through the view."""
+    shape = tuple(shape)
+    value = jnp.broadcast_to(value, shape)
+    if covers_storage(shape, stride, offset, buffer.shape[0]):
+        return value.reshape(-1)
+    if math.prod(shape) == 0:
+        return buffer
+    plan = _block_plan(shape, stride)
+    if plan is None or plan[3]:
+        return buffer.at[_gather_indices(shape, stride, offset)].set(value)
+    order, sizes, strides, _ = plan
+    if not order:
+        return buffer.at[offset].set(value.reshape(()))
+    squeezed = value.reshape([shape[d] for d in sorted(order)])
+    ordered = jnp.transpose(squeezed, [sorted(order).index(d) for d in order])
+    region = _region(buffer, offset, sizes, strides)
+    region = region.at[_corner(sizes)].set(ordered).reshape(-1)
+    region = region[: min(region.shape[0], buffer.shape[0] - offset)]
+    return lax.dynamic_update_slice(buffer, region, (offset,))

@@ -1,0 +1,51 @@
+"""Which PJRT platform backs the `neuron` device, and its devices.
+
+`TORCHNEURON_PLATFORM` names the JAX platform (`cpu`, `cuda`, `neuron`, ...);
+the default is XLA:CPU so the backend works on any machine.
+`TORCHNEURON_CPU_DEVICES` gives XLA:CPU several devices, which lets
+multi-device code be tested without an accelerator.
+"""
+import functools
+import os
+
+import jax
+
+PLATFORM_ENV = "TORCHNEURON_PLATFORM"
+CPU_DEVICES_ENV = "TORCHNEURON_CPU_DEVICES"
+
+# PyTorch uses int64 and float64 freely; without x64 JAX would silently narrow them.
+jax.config.update("jax_enable_x64", True)
+
+
+def platform_name() -> str:
+    return os.environ.get(PLATFORM_ENV, "cpu").lower()
+
+
+@functools.cache
+def devices() -> tuple:
+    name = platform_name()
+    if name == "cpu" and os.environ.get(CPU_DEVICES_ENV):
+        jax.config.update("jax_num_cpu_devices", int(os.environ[CPU_DEVICES_ENV]))
+    try:
+        found = tuple(jax.devices(name))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"torchneuron: PJRT platform {name!r} (from ${PLATFORM_ENV}) is not available: {exc}"
+        ) from None
+    return found
+
+
+def device_count() -> int:
+    try:
+        return len(devices())
+    except RuntimeError:
+        return 0
+
+
+def jax_device(index: int):
+    found = devices()
+    if not 0 <= index < len(found):
+        raise RuntimeError(
+            f"neuron device index {index} is out of range: {len(found)} device(s) on platform {platform_name()!r}"
+        )
+    return found[index]

@@ -1,0 +1,66 @@
+"""The neuron tensor: a torch.Tensor whose payload is a view of a device Storage."""
+import functools
+
+import torch
+
+from .storage import Storage
+
+
+@functools.cache
+def torch_device(index: int) -> torch.device:
+    return torch.device("neuron", index)
+
+
+class NeuronTensor(torch.Tensor):
+    """A view (sizes, strides, offset) of a Storage, reporting them exactly as PyTorch would.
+
+    `_spec` caches the view metadata for executable-cache keys; every change of
+    metadata goes through `wrap` or `reset_view`, which refresh it.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, storage: Storage, shape, stride, offset: int, dtype: torch.dtype, requires_grad=False):
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls,
+            shape,
+            strides=stride,
+            storage_offset=offset,
+            dtype=dtype,
+            device=torch_device(storage.device_index),
+            requires_grad=requires_grad,
+            storage_size=storage.nbytes,
+        )
+        tensor._storage = storage
+        tensor._spec = (tuple(shape), tuple(stride), offset, dtype, storage.device_index)
+        return tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from ..eager.dispatch import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None):
+        # format a host copy (one transfer) and let PyTorch add device, dtype and grad_fn
+        if tensor_contents is None:
+            with torch.no_grad():
+                tensor_contents = torch._tensor_str._tensor_str(self.detach().cpu(), indent=len("tensor("))
+        text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
+        # PyTorch names subclasses in the prefix; users of a device expect plain `tensor(`
+        return "tensor(" + text[len(type(self).__name__) + 1 :]
+
+    def __format__(self, format_spec):
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+
+def wrap(storage: Storage, shape, stride, offset, dtype) -> NeuronTensor:
+    return NeuronTensor(storage, shape, stride, offset, dtype)
+
+
+def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
+    numel = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+    return Storage(numel, dtype, device_index, buffer)

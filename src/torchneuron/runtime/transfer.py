@@ -1,0 +1,22 @@
+"""Host <-> device transfers."""
+import jax
+import numpy as np
+import torch
+
+from .dtypes import numpy_to_tensor, tensor_to_numpy
+from .platform import jax_device
+
+
+def host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
+    """A CPU tensor's values (in row-major order) as a flat device buffer."""
+    array = tensor_to_numpy(tensor.contiguous())
+    return jax.device_put(array.reshape(-1), jax_device(device_index))
+
+
+def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """A device array as a CPU tensor that owns its memory."""
+    return numpy_to_tensor(np.asarray(array), dtype)
+
+
+def device_to_device(array: jax.Array, device_index: int) -> jax.Array:
+    return jax.device_put(array, jax_device(device_index))
