@@ -45,7 +45,8 @@ def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
             if target is operator.getitem:
                 env[node] = args[0][args[1]]
                 continue
-            fn = lowering_for(target)
+            mutated = registry.mutated_arguments(target) if registry.is_mutating(target) else []
+            fn = lowering_for(registry.functional_variant(target) if mutated else target)
             if fn is None:
                 raise MissingLowering(target)
             if registry.is_random(target):
@@ -57,9 +58,23 @@ def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
             else:
                 out = _cast_like(out, meta)
             env[node] = out
+            if mutated:
+                # decompositions mutate only fresh intermediates: rebind the mutated node to its new value
+                _rebind_mutated(node, target, mutated, out, env)
         elif node.op == "output":
             return torch.fx.node.map_arg(node.args[0], env.__getitem__)
     raise AssertionError("graph has no output node")
+
+
+def _rebind_mutated(node, target, mutated, out, env):
+    names = [a.name for a in target._schema.arguments]
+    values = out if isinstance(out, (tuple, list)) else [out]
+    for name, value in zip(mutated, values[len(values) - len(mutated):]):
+        position = names.index(name)
+        source = node.kwargs.get(name, node.args[position] if position < len(node.args) else None)
+        if isinstance(source, torch.fx.Node):
+            env[source] = value
+    env[node] = values[-len(mutated)] if len(values) == len(mutated) else out
 
 
 @functools.cache
@@ -93,11 +108,7 @@ def _decomposed(op, decomposition):
             call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
             return decomposition(*call_args, **call_kwargs)
 
-        gm = make_fx(
-            torch.func.functionalize(traced, remove="mutations_and_views"),
-            decomposition_table=_decomposition_table(),
-            tracing_mode="fake",
-        )(*examples)
+        gm = make_fx(traced, decomposition_table=_decomposition_table(), tracing_mode="fake")(*examples)
         return run_graph(gm, [v for v, a in zip(flat, is_array) if a], key=key)
 
     lowering.decomposed_from = op
