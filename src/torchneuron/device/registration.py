@@ -50,11 +50,11 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return wrap(new_storage_for(size, stride, dtype, index), size, stride, 0, dtype)
 
 
-def _unsupported_factory(op, *args, **kwargs):
-    raise NotImplementedError(
-        f"torchneuron: {op} reached the neuron device without a neuron tensor argument and has no "
-        "neuron implementation. Please report the op name at the project's issue tracker."
-    )
+def _copy_from(source, destination, non_blocking=False):
+    """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
+    from ..eager.dispatch import dispatch
+
+    return dispatch(torch.ops.aten.copy_.default, (destination, source), {})
 
 
 def register() -> None:
@@ -70,4 +70,5 @@ def register() -> None:
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty, "PrivateUse1")
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
+    library.impl("_copy_from", _copy_from, "PrivateUse1")
     _registered.append(library)

@@ -1,0 +1,96 @@
+"""Every patch TorchNeuron applies to PyTorch, one function each, naming the upstream gap.
+
+A Python backend without a C++ allocator cannot hold PyTorch storages on its
+device; each patch below routes one PyTorch path around that. `applied()`
+lists them and a test checks they are all in place.
+"""
+import functools
+import warnings
+import weakref
+
+import torch
+
+_APPLIED = []
+
+
+def _patch(fn):
+    _APPLIED.append(fn.__name__)
+    return fn
+
+
+def _is_neuron(location) -> bool:
+    return isinstance(location, (str, torch.device)) and torch.device(location).type == "neuron"
+
+
+@_patch
+def torch_load_map_location_neuron():
+    """torch.load(map_location="neuron") restores storages with `storage.to(device)`, which needs a
+    device allocator (PrivateUse1 has none from Python; it crashes). Load to the CPU, then move the
+    tensors, keeping tensors that shared a storage shared."""
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(f, map_location=None, *args, **kwargs):
+        if not _is_neuron(map_location):
+            return original(f, map_location, *args, **kwargs)
+        loaded = original(f, "cpu", *args, **kwargs)
+        moved = {}
+
+        def to_device(value):
+            if isinstance(value, torch.Tensor) and value.device.type != "neuron":
+                if id(value) not in moved:
+                    moved[id(value)] = value.to(map_location)
+                return moved[id(value)]
+            return value
+
+        return torch.utils._pytree.tree_map(to_device, loaded)
+
+    torch.load = load
+
+
+_pinned = {}
+_libraries = []
+
+
+@_patch
+def pin_memory_without_allocator():
+    """Tensor.pin_memory() and is_pinned() ask the accelerator's hooks for a pinned-memory allocator,
+    which hooks written in Python cannot provide (getPinnedMemoryAllocator is C++-only). PJRT stages
+    host-to-device copies itself, so a pinned tensor is a host copy that remembers it was pinned."""
+    library = torch.library.Library("aten", "IMPL")
+
+    def pin(tensor, device=None):
+        copy = tensor.clone()
+        _pinned[copy.untyped_storage().data_ptr()] = weakref.ref(copy)
+        return copy
+
+    def is_pinned(tensor, device=None):
+        ref = _pinned.get(tensor.untyped_storage().data_ptr())
+        return ref is not None and ref() is not None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
+        library.impl("_pin_memory", pin, "CPU")
+        library.impl("is_pinned", is_pinned, "CPU")
+    _libraries.append(library)
+
+
+@_patch
+def swap_module_params_on_conversion():
+    """nn.Module.to() keeps a parameter object only when `param.data = new` is allowed, which PyTorch
+    refuses between CPU tensors and Python-dispatched device tensors; it then makes a new Parameter per
+    module and tied weights come apart. Swapping tensors keeps every Parameter object, so ties hold."""
+    torch.__future__.set_swap_module_params_on_conversion(True)
+
+
+def apply() -> None:
+    if getattr(apply, "done", False):
+        return
+    torch_load_map_location_neuron()
+    pin_memory_without_allocator()
+    swap_module_params_on_conversion()
+    apply.done = True
+
+
+def applied() -> list:
+    return list(_APPLIED) if getattr(apply, "done", False) else []
