@@ -117,7 +117,10 @@ def get_device_properties(device=None):
 
 
 def _live_buffers(index: int):
-    return _jax_device(index).live_buffers()
+    import jax
+
+    device = _jax_device(index)
+    return [a for a in jax.live_arrays() if device in a.devices()]
 
 
 def _all_ready(index: int) -> bool:

@@ -150,6 +150,8 @@ class Executable:
         self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
         self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
         self.mutated = [i for i in mutated if i not in self.resized]
+        for i in self.mutated:
+            _check_no_internal_overlap(specs[i])
         self.mutated_storages = sorted({pattern[i] for i in self.mutated})
         self.read_storages = [s for s in range(len(storages)) if s not in self.mutated_storages]
         fresh = []
@@ -195,6 +197,16 @@ class Executable:
         for i, buf, spec in zip(self.resized, outputs[len(self.fresh_specs):], self.new_specs):
             views.reset_view(tensors[i], _storage_for(buf, spec, self.device_index), spec)
         return _build_output(self.plan, tensors, fresh)
+
+
+def _check_no_internal_overlap(spec):
+    """PyTorch refuses writes where several elements share one memory location (expanded tensors)."""
+    shape, stride = spec[0], spec[1]
+    if any(size > 1 and st == 0 for size, st in zip(shape, stride)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
 
 
 def _position(func, name) -> int:

@@ -26,10 +26,16 @@ def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
     return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
 
 
+def row_major_buffer(tensor: NeuronTensor):
+    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one)."""
+    if not _is_whole_storage(tensor):
+        tensor = aten.clone.default(tensor, memory_format=torch.contiguous_format)
+    return tensor._storage.buffer
+
+
 def to_host(tensor: NeuronTensor) -> torch.Tensor:
     """A new contiguous CPU tensor holding a neuron tensor's values."""
-    contiguous = aten.clone.default(tensor) if not _is_whole_storage(tensor) else tensor
-    return transfer.device_to_host(contiguous._storage.buffer, tensor.dtype).reshape(tensor.shape)
+    return transfer.device_to_host(row_major_buffer(tensor), tensor.dtype).reshape(tensor.shape)
 
 
 def _is_whole_storage(t: NeuronTensor) -> bool:
@@ -67,8 +73,7 @@ def copy_(func, args, kwargs):
 
 
 def _move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    contiguous = aten.clone.default(tensor, memory_format=torch.contiguous_format)
-    buffer = transfer.device_to_device(contiguous._storage.buffer, device_index)
+    buffer = transfer.device_to_device(row_major_buffer(tensor), device_index)
     storage = Storage(buffer.shape[0], tensor.dtype, device_index, buffer)
     return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
 
@@ -158,8 +163,7 @@ def set_tensor_view(func, args, kwargs):
 
 def _value(tensor: NeuronTensor):
     """The tensor's values as a (contiguous) device array."""
-    contiguous = tensor if _is_whole_storage(tensor) else aten.clone.default(tensor)
-    return contiguous._storage.buffer.reshape(tensor.shape)
+    return row_major_buffer(tensor).reshape(tensor.shape)
 
 
 def from_array(array, device_index: int) -> NeuronTensor:

@@ -1,0 +1,142 @@
+"""torch.neuron: the device module, registration and torch.accelerator."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def test_import_torch_alone_finds_the_device():
+    code = "import torch; x = torch.ones(2, device='neuron'); print(x.device, torch.accelerator.current_accelerator())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["neuron:0", "neuron"]
+
+
+def test_module_basics():
+    assert torch.neuron.is_available()
+    assert torch.neuron.device_count() >= 1
+    assert torch.neuron.current_device() == 0
+    assert "neuron" in torch.neuron.get_device_name()
+    props = torch.neuron.get_device_properties(0)
+    assert props.platform == "cpu"
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("neuron")
+
+
+def test_tensor_reports_device_index():
+    x = torch.randn(3, device="neuron")
+    assert x.device == torch.device("neuron", 0)
+    assert x.is_neuron if hasattr(x, "is_neuron") else x.device.type == "neuron"
+
+
+def test_device_index_out_of_range():
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.neuron.set_device(torch.neuron.device_count())
+
+
+MULTI_DEVICE = """
+import torch
+assert torch.neuron.device_count() == 2, torch.neuron.device_count()
+a = torch.arange(6.).reshape(2, 3).to("neuron:1")
+assert a.device == torch.device("neuron", 1)
+b = (a * 2).sum(0)
+assert b.device.index == 1 and b.cpu().tolist() == [6.0, 10.0, 14.0]
+with torch.neuron.device(1):
+    assert torch.neuron.current_device() == 1
+    c = torch.ones(2, device="neuron")
+    assert c.device.index == 1
+assert torch.neuron.current_device() == 0
+d = a.to("neuron:0")
+assert d.device.index == 0 and torch.equal(d.cpu(), a.cpu())
+try:
+    a + torch.ones(2, 3, device="neuron:0")
+except RuntimeError as e:
+    assert "same device" in str(e)
+else:
+    raise AssertionError("mixing devices must raise")
+p = torch.nn.Linear(3, 1).to("neuron:1")
+assert p(a).device.index == 1
+print("ok")
+"""
+
+
+def test_device_count_follows_platform():
+    env = {"TORCHNEURON_CPU_DEVICES": "2", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", MULTI_DEVICE], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_unknown_platform_is_a_clear_error():
+    code = "import torch; print(torch.neuron.is_available(), torch.neuron.device_count())"
+    env = {"TORCHNEURON_PLATFORM": "no_such_platform", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["False", "0"], out.stderr[-2000:]
+
+
+def test_rng_seeding_reproduces():
+    torch.neuron.manual_seed(123)
+    a = torch.randn(8, device="neuron")
+    torch.manual_seed(123)  # torch.manual_seed seeds every device, as for cuda
+    b = torch.randn(8, device="neuron")
+    assert torch.equal(a.cpu(), b.cpu())
+    assert torch.neuron.initial_seed() == 123
+
+
+def test_rng_state_roundtrip():
+    torch.neuron.manual_seed(7)
+    state = torch.neuron.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    a = torch.rand(5, device="neuron")
+    torch.neuron.set_rng_state(state)
+    b = torch.rand(5, device="neuron")
+    assert torch.equal(a.cpu(), b.cpu())
+    c = torch.rand(5, device="neuron")
+    assert not torch.equal(b.cpu(), c.cpu())
+
+
+def test_fork_rng_covers_neuron():
+    torch.manual_seed(0)
+    with torch.random.fork_rng(device_type="neuron"):
+        inside = torch.rand(3, device="neuron")
+    after = torch.rand(3, device="neuron")
+    assert torch.equal(inside.cpu(), after.cpu())
+
+
+def test_synchronize_streams_events():
+    x = torch.randn(256, 256, device="neuron")
+    stream = torch.neuron.current_stream()
+    assert stream == torch.neuron.default_stream()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    y = x @ x
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0
+    assert end.query()
+    s = torch.neuron.Stream()
+    with torch.neuron.stream(s):
+        assert torch.neuron.current_stream() is s
+        z = y + 1
+    s.synchronize()
+    torch.neuron.synchronize()
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    assert z.shape == (256, 256)
+
+
+def test_memory_accounting():
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    x = torch.empty(1024, 1024, device="neuron")
+    assert torch.neuron.memory_allocated() - base == 4 * 1024 * 1024
+    del x
+    assert torch.neuron.memory_allocated() == base
+    assert torch.neuron.max_memory_allocated() >= base + 4 * 1024 * 1024
+    stats = torch.neuron.memory_stats()
+    assert stats["allocated_bytes.all.current"] == base
+    torch.neuron.empty_cache()
+
+
+def test_amp_dtypes_advertised():
+    assert torch.bfloat16 in torch.neuron.get_amp_supported_dtype()
+    assert torch.neuron.is_bf16_supported()

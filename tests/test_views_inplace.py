@@ -1,0 +1,156 @@
+"""Views alias their base, in-place ops and out= mutate through views, exactly as on the CPU."""
+import pytest
+import torch
+
+from conftest import assert_same
+
+
+def both(make):
+    cpu = make()
+    return cpu, cpu.clone().to("neuron")
+
+
+def test_transpose_row_add():
+    x, y = both(lambda: torch.arange(12.0).reshape(3, 4))
+    x.t()[0] += 1
+    y.t()[0] += 1
+    assert_same(y, x)
+
+
+def test_strided_slice_zero():
+    x, y = both(lambda: torch.arange(20.0).reshape(4, 5))
+    a, b = x[1:, ::2], y[1:, ::2]
+    assert b.stride() == a.stride() and b.storage_offset() == a.storage_offset()
+    a.zero_()
+    b.zero_()
+    assert_same(y, x)
+
+
+def test_flat_view_setitem():
+    x, y = both(lambda: torch.arange(12.0).reshape(3, 4))
+    x.view(-1)[3] = 7
+    y.view(-1)[3] = 7
+    assert_same(y, x)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t.t(),
+        lambda t: t.transpose(0, 1),
+        lambda t: t.permute(1, 0),
+        lambda t: t[1],
+        lambda t: t.select(1, 2),
+        lambda t: t[:, 1:3],
+        lambda t: t[::2],
+        lambda t: t.narrow(1, 1, 2),
+        lambda t: t.diagonal(),
+        lambda t: t.unsqueeze(0),
+        lambda t: t.view(4, 3),
+        lambda t: t.reshape(2, 6),
+        lambda t: t.as_strided((2, 2), (1, 4), 1),
+        lambda t: t.unfold(1, 2, 1),
+        lambda t: t.expand(2, 3, 4),
+        lambda t: t.flatten(),
+        lambda t: t.chunk(2, dim=1)[1],
+        lambda t: t.split(1)[2],
+        lambda t: t.unbind(0)[1],
+        lambda t: t.movedim(0, 1)[..., 1],
+    ],
+)
+def test_view_metadata_and_values(view):
+    x, y = both(lambda: torch.arange(12.0).reshape(3, 4))
+    a, b = view(x), view(y)
+    assert b.shape == a.shape and b.stride() == a.stride() and b.storage_offset() == a.storage_offset()
+    assert b._base is y if a._base is x else True
+    assert_same(b, a)
+    assert_same(b.contiguous(), a.contiguous())
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda t: t.t().mul_(2),
+        lambda t: t[:, 1].add_(10),
+        lambda t: t.diagonal().fill_(-1),
+        lambda t: t[1:, 1:3].copy_(torch.tensor([[5.0, 6.0], [7.0, 8.0]], device=t.device)),
+        lambda t: t.view(4, 3)[::2].neg_(),
+        lambda t: t.select(0, 2).clamp_(min=9),
+        lambda t: torch.mul(t[0], 3, out=t[2]),
+        lambda t: t.masked_fill_(t > 5, 0),
+        lambda t: t.index_fill_(1, torch.tensor([0, 3], device=t.device), 4.5),
+        lambda t: t.__setitem__((slice(None), 0), 100.0),
+        lambda t: t.__setitem__(t > 8, -3.0),
+    ],
+)
+def test_inplace_through_views(mutate):
+    x, y = both(lambda: torch.arange(12.0).reshape(3, 4))
+    mutate(x)
+    mutate(y)
+    assert_same(y, x)
+
+
+def test_inplace_returns_self_and_bumps_version():
+    y = torch.ones(3, device="neuron")
+    version = y._version
+    assert y.add_(1) is y
+    assert y._version > version
+
+
+def test_out_variant_resizes():
+    out = torch.empty(0, device="neuron")
+    a = torch.randn(3, 4)
+    torch.add(a.to("neuron"), 1, out=out)
+    assert out.shape == (3, 4)
+    assert_same(out, a + 1)
+
+
+def test_contiguous_copies_only_when_needed():
+    y = torch.randn(3, 4, device="neuron")
+    assert y.contiguous() is y
+    t = y.t()
+    c = t.contiguous()
+    assert c is not t and c.is_contiguous()
+    assert_same(c, y.cpu().t())
+
+
+def test_resize_and_set():
+    y = torch.arange(4.0, device="neuron")
+    y.resize_(2, 3)
+    assert y.shape == (2, 3)
+    assert y.flatten()[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    z = torch.empty(0, device="neuron")
+    z.set_(y)
+    assert z.shape == (2, 3)
+    z.fill_(1.0)
+    assert y.cpu().eq(1).all()
+
+
+def test_copy_between_dtypes_and_devices():
+    src = torch.randn(3, 4)
+    dst = torch.zeros(3, 4, dtype=torch.float64, device="neuron")
+    dst.copy_(src)
+    assert_same(dst, src.double())
+    back = torch.zeros(3, 4, dtype=torch.int32)
+    back.copy_(dst * 10)
+    assert torch.equal(back, (src.double() * 10).int())
+    broadcast = torch.zeros(2, 3, 4, device="neuron")
+    broadcast.copy_(src.to("neuron"))
+    assert_same(broadcast, src.expand(2, 3, 4))
+
+
+def test_view_dtype_reinterprets_bits():
+    x, y = both(lambda: torch.tensor([1.0, -2.0, 0.5]))
+    assert_same(y.view(torch.int32), x.view(torch.int32))
+    y.view(torch.int32).add_(1)
+    x.view(torch.int32).add_(1)
+    assert_same(y, x)
+
+
+def test_inplace_on_expanded_view_errors_like_cpu():
+    x = torch.zeros(3).expand(2, 3)
+    y = torch.zeros(3, device="neuron").expand(2, 3)
+    with pytest.raises(RuntimeError):
+        x.add_(1)
+    with pytest.raises(RuntimeError):
+        y.add_(1)
