@@ -49,13 +49,20 @@ def view(func, args, kwargs):
     return wrap(storage, *specs)
 
 
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
 def reset_view(tensor: NeuronTensor, storage, spec) -> None:
-    """Point `tensor` at (storage, spec) in place, as resize_/set_/transpose_ do on the CPU."""
+    """Point `tensor` at (storage, spec) in place, as resize_/set_/out= resizing do on the CPU.
+
+    The TensorImpl itself must change (C++ callers hold it, not the Python object), so PyTorch's
+    device-independent meta kernel of `set_` updates it, over a placeholder storage of the right size.
+    """
     shape, stride, offset, dtype = spec[:4]
-    replacement = wrap(storage, shape, stride, offset, dtype)
-    torch._C._swap_tensor_impl(tensor, replacement)
+    placeholder = wrap(storage, shape, stride, offset, dtype).untyped_storage()
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_META, tensor, placeholder, offset, shape, stride)
     tensor._storage = storage
-    tensor._spec = replacement._spec
+    tensor._spec = (tuple(shape), tuple(stride), offset, dtype, storage.device_index)
 
 
 def inplace_view(func, args, kwargs):

@@ -71,7 +71,7 @@ def exponential(x, lambd=1.0, *, generator=None, key):
     return (jax.random.exponential(key, x.shape, _float(x)) / lambd).astype(x.dtype)
 
 
-@lower(aten.randperm.default, random=True, static_scalars=True)
+@lower(aten.randperm, random=True, static_scalars=True)
 def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None, key):
     return jax.random.permutation(key, n)
 

@@ -59,6 +59,10 @@ class NeuronTensor(torch.Tensor):
             (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad),
         )
 
+    def tolist(self):
+        # PyTorch refuses tolist() on subclasses; the values are plain device data
+        return self.detach().cpu().tolist()
+
     def __format__(self, format_spec):
         if self.dim() == 0:
             return self.item().__format__(format_spec)

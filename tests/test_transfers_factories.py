@@ -1,0 +1,112 @@
+"""Transfers between host and device, factories, serialization."""
+import io
+
+import pytest
+import torch
+
+from conftest import assert_same
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
+          torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_roundtrip_preserves_values(dtype):
+    x = (torch.randn(5, 3) * 10).to(dtype)
+    y = x.to("neuron")
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(y.cpu(), x)
+    assert torch.equal(y.to("cpu", non_blocking=True), x)
+
+
+def test_numpy_via_cpu():
+    x = torch.randn(2, 3)
+    assert (x.to("neuron").cpu().numpy() == x.numpy()).all()
+
+
+def test_tensor_constructor_and_item():
+    y = torch.tensor([[1, 2], [3, 4]], device="neuron")
+    assert y.dtype == torch.int64 and y.device.type == "neuron"
+    assert y.sum().item() == 10
+    assert y[1, 0].item() == 3
+    assert y.tolist() == [[1, 2], [3, 4]]
+    assert float(torch.tensor(2.5, device="neuron")) == 2.5
+
+
+def test_factories_match_cpu():
+    assert_same(torch.zeros(2, 3, device="neuron"), torch.zeros(2, 3))
+    assert_same(torch.ones(4, dtype=torch.int32, device="neuron"), torch.ones(4, dtype=torch.int32))
+    assert_same(torch.full((2, 2), 3.5, device="neuron"), torch.full((2, 2), 3.5))
+    assert_same(torch.arange(10, device="neuron"), torch.arange(10))
+    assert_same(torch.arange(0, 1, 0.1, device="neuron"), torch.arange(0, 1, 0.1))
+    assert_same(torch.linspace(-1, 1, 7, device="neuron"), torch.linspace(-1, 1, 7))
+    assert_same(torch.eye(3, 4, device="neuron"), torch.eye(3, 4))
+    assert_same(torch.empty(3, 2, device="neuron").fill_(2), torch.full((3, 2), 2.0))
+    y = torch.randn(3, device="neuron")
+    assert_same(torch.zeros_like(y), torch.zeros(3))
+    assert_same(y.new_ones(2), torch.ones(2))
+    assert_same(torch.full_like(y, 7, dtype=torch.int64), torch.full((3,), 7))
+
+
+def test_channels_last_empty():
+    y = torch.empty(2, 3, 4, 5, device="neuron", memory_format=torch.channels_last)
+    assert y.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
+
+
+def test_random_factories_have_the_right_moments():
+    torch.manual_seed(0)
+    n = 200_000
+    u = torch.rand(n, device="neuron").cpu()
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.01
+    g = torch.randn(n, device="neuron").cpu()
+    assert abs(g.mean()) < 0.01 and abs(g.std() - 1) < 0.01
+    r = torch.randint(3, 9, (n,), device="neuron").cpu()
+    assert r.min() == 3 and r.max() == 8 and r.dtype == torch.int64
+    e = torch.empty(n, device="neuron").normal_(2.0, 3.0).cpu()
+    assert abs(e.mean() - 2) < 0.05 and abs(e.std() - 3) < 0.05
+    b = torch.empty(n, device="neuron").bernoulli_(0.3).cpu()
+    assert abs(b.mean() - 0.3) < 0.01
+    p = torch.randperm(100, device="neuron").cpu()
+    assert sorted(p.tolist()) == list(range(100))
+
+
+def test_pin_memory_and_non_blocking():
+    x = torch.randn(4, 4).pin_memory()
+    assert x.is_pinned()
+    y = x.to("neuron", non_blocking=True)
+    torch.neuron.synchronize()
+    assert_same(y, x)
+
+
+def test_save_and_load_with_map_location(tmp_path):
+    x = torch.randn(3, 4, device="neuron", requires_grad=True)
+    path = tmp_path / "t.pt"
+    torch.save({"x": x, "n": 3}, path)
+    same = torch.load(path)
+    assert same["x"].device.type == "neuron" and same["x"].requires_grad
+    assert torch.equal(same["x"].detach().cpu(), x.detach().cpu())
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["x"].device.type == "cpu"
+    cpu_path = tmp_path / "c.pt"
+    weights = torch.nn.Linear(3, 2).state_dict()
+    torch.save(weights, cpu_path)
+    loaded = torch.load(cpu_path, map_location="neuron")
+    assert all(t.device.type == "neuron" for t in loaded.values())
+    assert torch.equal(loaded["weight"].cpu(), weights["weight"])
+
+
+def test_module_to_keeps_tied_weights():
+    embed = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embed.weight
+    model = torch.nn.ModuleDict({"embed": embed, "head": head}).to("neuron")
+    assert model["embed"].weight is model["head"].weight
+    assert isinstance(model["head"].weight, torch.nn.Parameter)
+    assert model["head"].weight.device.type == "neuron"
+
+
+def test_mixing_devices_raises_like_cuda():
+    y = torch.randn(3, device="neuron")
+    with pytest.raises(RuntimeError, match="same device"):
+        y + torch.randn(3)
+    assert_same(y + torch.tensor(1.5), y.cpu() + 1.5)  # 0-dim CPU tensors are allowed
