@@ -15,7 +15,7 @@ import torch
 
 from ..device import rng
 from ..ops import registry
-from ..ops.graph import MissingLowering, lowering_for
+from ..ops.graph import lowering_for
 from ..runtime import layout
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
@@ -99,14 +99,17 @@ class Compute:
         )
         entry = eager_cache.get(key)
         if entry is None:
-            try:
-                entry = Executable(self, targs, tkwargs, tensors, pattern, storages, scalars)
-            except MissingLowering:
-                entry = fallback.run_on_cpu
+            entry = Executable(self, targs, tkwargs, tensors, pattern, storages, scalars)
             eager_cache.put(key, entry)
         if entry is fallback.run_on_cpu:
             return fallback.run_on_cpu(func, args, kwargs)
-        return entry.run(tensors, storages, scalars)
+        try:
+            return entry.run(tensors, storages, scalars)
+        except LoweringFailed as failure:
+            # a lowering that cannot handle these arguments: the CPU gives the right answer or error
+            eager_cache.put(key, fallback.run_on_cpu)
+            fallback.note_failure(func, failure.cause)
+            return fallback.run_on_cpu(func, args, kwargs)
 
 
 def _meta_spec(t: torch.Tensor):
@@ -126,6 +129,12 @@ def _check_same_device(tensors):
         raise RuntimeError(
             f"Expected all tensors to be on the same device, but found at least two devices, neuron:{a} and neuron:{b}!"
         )
+
+
+class LoweringFailed(Exception):
+    def __init__(self, op, cause):
+        super().__init__(f"lowering of {op} failed: {type(cause).__name__}: {cause}")
+        self.cause = cause
 
 
 class Executable:
@@ -175,7 +184,7 @@ class Executable:
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
                 call_kwargs["key"] = rng.key_from(key)
-            results = _flatten(lowering(*call_args, **call_kwargs))
+            results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
             written = dict(zip(mutated, results[n_fresh:]))
             for i in mutated_list:
@@ -184,12 +193,19 @@ class Executable:
             outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
             return [buffers[p] for p in mutated_storages], outputs
 
-        self.compiled = jax.jit(program, donate_argnums=(0,))
+        self.op = op.func
+        self.jitted = jax.jit(program, donate_argnums=(0,))
+        self.compiled = None
 
     def run(self, tensors, storages, scalars):
         mutable = [storages[p].buffer for p in self.mutated_storages]
         readonly = [storages[p].buffer for p in self.read_storages]
         key = rng.next_key(self.device_index) if self.random else None
+        if self.compiled is None:
+            try:
+                self.compiled = self.jitted.lower(mutable, readonly, scalars, key).compile()
+            except Exception as exc:
+                raise LoweringFailed(self.op, exc) from None
         new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
         for p, buffer in zip(self.mutated_storages, new_buffers):
             storages[p].buffer = buffer

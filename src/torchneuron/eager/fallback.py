@@ -13,6 +13,7 @@ from ..ops.registry import mutated_arguments
 from ..runtime.tensor import NeuronTensor
 
 counts = collections.Counter()
+failures = {}
 _warned = set()
 
 
@@ -79,6 +80,11 @@ def _values(args, kwargs, func, name):
     return value if isinstance(value, (list, tuple)) else [value]
 
 
+def note_failure(func, cause) -> None:
+    """A lowering that failed to trace or compile: kept for the report, and the op falls back."""
+    failures[str(func)] = f"{type(cause).__name__}: {cause}"[:500]
+
+
 def report() -> dict:
     """Ops that ran on the CPU and how often, most frequent first."""
     return dict(counts.most_common())
@@ -86,3 +92,4 @@ def report() -> dict:
 
 def reset() -> None:
     counts.clear()
+    failures.clear()
