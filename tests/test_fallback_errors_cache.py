@@ -1,0 +1,101 @@
+"""CPU fallback (visible, counted, can be an error), PyTorch's error types, the executable cache."""
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.eager import fallback
+from torchneuron.ops import graph, registry
+
+aten = torch.ops.aten
+
+
+@pytest.fixture
+def unlowered_op(monkeypatch):
+    """hardtanh with its lowering (and decomposition) hidden, as if no one had written it yet."""
+    op = aten.hardtanh.default
+    monkeypatch.delitem(registry.LOWERINGS, op)
+    monkeypatch.setattr(graph, "_DECOMPOSED", {op: None})
+    from torchneuron.eager import dispatch
+
+    monkeypatch.setattr(dispatch, "_HANDLERS", {})
+    monkeypatch.setattr(fallback, "_warned", set())
+    fallback.reset()
+    return op
+
+
+def test_fallback_is_counted_warned_and_correct(unlowered_op):
+    x = torch.randn(10) * 3
+    with pytest.warns(UserWarning, match="hardtanh"):
+        got = unlowered_op(x.to("neuron"))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), torch.nn.functional.hardtanh(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warns once per op only
+        unlowered_op(x.to("neuron"))
+    assert torchneuron.fallback_report() == {"aten.hardtanh.default": 2}
+    assert torch.neuron.fallback_report() == torchneuron.fallback_report()
+
+
+def test_fallback_inplace_writes_back(unlowered_op):
+    x = torch.randn(3, 4) * 3
+    y = x.to("neuron")
+    aten.hardtanh_.default(y.t()[1])
+    aten.hardtanh_.default(x.t()[1])
+    torch.testing.assert_close(y.cpu(), x)
+
+
+def test_strict_mode_makes_fallback_an_error(unlowered_op, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
+    with pytest.raises(NotImplementedError, match="hardtanh.*TORCHNEURON_FALLBACK"):
+        unlowered_op(torch.randn(3, device="neuron"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.randn(3, device=d) + torch.randn(4, device=d),
+        lambda d: torch.randn(3, 4, device=d) @ torch.randn(3, 4, device=d),
+        lambda d: torch.randn(3, device=d).view(2, 2),
+        lambda d: torch.randn(2, 3, device=d).t().view(6),
+        lambda d: torch.cat([torch.randn(2, 3, device=d), torch.randn(2, 4, device=d)]),
+        lambda d: torch.randn(3, device=d).sum(dim=2),
+        lambda d: torch.zeros(3, dtype=torch.int64, device=d).add_(1.5),
+        lambda d: torch.randn(3, device=d)[5],
+    ],
+)
+def test_bad_input_raises_the_cpu_exception_type(bad):
+    with pytest.raises(Exception) as on_cpu:
+        bad("cpu")
+    with pytest.raises(Exception) as on_neuron:
+        bad("neuron")
+    assert on_neuron.type is on_cpu.type
+    assert "jax" not in str(on_neuron.value).lower()
+
+
+def test_executable_cache_hits_and_bounds():
+    stats = torch.neuron.cache_stats()
+    x = torch.randn(7, 5, device="neuron")
+    x * 3.25
+    before = torch.neuron.cache_stats()
+    for scale in [1.5, 2.5, 3.5]:  # a new float does not compile a new executable
+        x * scale
+    after = torch.neuron.cache_stats()
+    assert after["misses"] == before["misses"]
+    assert after["hits"] >= before["hits"] + 3
+    assert stats["capacity"] > 0
+
+
+def test_cache_evicts_when_full():
+    code = (
+        "import torch\n"
+        "for n in range(1, 9): torch.ones(n, device='neuron') + 1\n"
+        "s = torch.neuron.cache_stats(); print(s['entries'], s['evictions'])"
+    )
+    env = {"TORCHNEURON_EAGER_CACHE_SIZE": "4", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    entries, evictions = map(int, out.stdout.split())
+    assert entries == 4 and evictions > 0
