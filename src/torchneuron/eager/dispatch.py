@@ -194,19 +194,21 @@ class Executable:
             return [buffers[p] for p in mutated_storages], outputs
 
         self.op = op.func
-        self.jitted = jax.jit(program, donate_argnums=(0,))
-        self.compiled = None
+        self.compiled = jax.jit(program, donate_argnums=(0,))
+        self.traced = False
 
     def run(self, tensors, storages, scalars):
         mutable = [storages[p].buffer for p in self.mutated_storages]
         readonly = [storages[p].buffer for p in self.read_storages]
         key = rng.next_key(self.device_index) if self.random else None
-        if self.compiled is None:
-            try:
-                self.compiled = self.jitted.lower(mutable, readonly, scalars, key).compile()
+        if self.traced:
+            new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
+        else:
+            try:  # the first call traces and compiles; nothing is donated if that fails
+                new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
-        new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
+            self.traced = True
         for p, buffer in zip(self.mutated_storages, new_buffers):
             storages[p].buffer = buffer
         fresh = [_wrap_new(buf, spec, self.device_index) for buf, spec in zip(outputs, self.fresh_specs)]

@@ -28,8 +28,9 @@ class FallbackError(NotImplementedError):
 def run_on_cpu(func, args, kwargs):
     name = str(func)
     if strict():
+        cause = f" (its lowering failed: {failures[name]})" if name in failures else ""
         raise FallbackError(
-            f"torchneuron: {name} has no neuron lowering and CPU fallback is disabled "
+            f"torchneuron: {name} has no working neuron lowering{cause} and CPU fallback is disabled "
             "(TORCHNEURON_FALLBACK=error). Please report the op name at the project's issue tracker."
         )
     counts[name] += 1
