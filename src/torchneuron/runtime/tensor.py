@@ -38,9 +38,7 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from ..eager.dispatch import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None):
         # format a host copy (one transfer) and let PyTorch add device, dtype and grad_fn
@@ -67,6 +65,15 @@ class NeuronTensor(torch.Tensor):
         if self.dim() == 0:
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
+
+
+def _dispatch(func, args, kwargs):
+    """Bound on first use to eager.dispatch.dispatch (the eager layer imports this module)."""
+    global _dispatch
+    from ..eager.dispatch import dispatch
+
+    _dispatch = dispatch
+    return dispatch(func, args, kwargs)
 
 
 def wrap(storage: Storage, shape, stride, offset, dtype) -> NeuronTensor:

@@ -1,0 +1,83 @@
+"""Training and inference steps of small models: neuron eager / compiled vs PyTorch CPU eager / Inductor."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from examples.demo import TinyGPT
+
+from .timing import measure
+
+
+def mlp():
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return model, (torch.randn(64, 512), torch.randint(0, 10, (64,))), 64
+
+
+def cnn():
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(64, 10),
+    )
+    return model, (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))), 32
+
+
+def gpt(smoke=False):
+    vocab, batch, context = 512, 8, 128
+    width, layers = (64, 2) if smoke else (256, 4)
+    model = TinyGPT(vocab, width=width, heads=4, layers=layers, context=context)
+    tokens = torch.randint(0, vocab, (batch, context + 1))
+    return model, (tokens[:, :-1], tokens[:, 1:]), batch * context
+
+
+def _loss(model, inputs, targets):
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _compile(model, mode):
+    if mode == "eager":
+        return model
+    return torch.compile(model, backend="neuron" if mode == "neuron-compiled" else "inductor")
+
+
+def _step_fns(factory, device, mode):
+    torch.manual_seed(0)
+    model, (inputs, targets), items = factory()
+    model = model.to(device)
+    inputs, targets = inputs.to(device), targets.to(device)
+    runner = _compile(model, mode)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train():
+        optimizer.zero_grad(set_to_none=True)
+        _loss(runner, inputs, targets).backward()
+        optimizer.step()
+
+    def infer():
+        with torch.no_grad():
+            runner(inputs)
+
+    return train, infer, items
+
+
+def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
+    repeats, inner = (2, 1) if smoke else (5, 3)
+    factories = {"mlp": mlp, "cnn": cnn, "gpt": lambda: gpt(smoke)}
+    rows = []
+    for name, factory in factories.items():
+        for phase in ("train", "infer"):
+            row = {"benchmark": f"{name} {phase} step", "unit": "items/s"}
+            configs = [(device, "eager"), (device, "neuron-compiled"), (baseline, "eager"), (baseline, "inductor")]
+            for target, mode in configs:
+                label = f"{target} {mode}"
+                if smoke and mode != "eager":
+                    continue
+                try:
+                    train, infer, items = _step_fns(factory, target, mode)
+                    stats = measure(train if phase == "train" else infer, target, inner=inner, repeats=repeats)
+                    row[label] = items / stats["median"]
+                except Exception as exc:  # a configuration that cannot run is reported, not fatal
+                    row[label] = f"n/a ({type(exc).__name__})"
+            rows.append(row)
+    return rows

@@ -1,0 +1,28 @@
+"""Timing helpers: repeats with min/median, device-honest synchronisation."""
+import statistics
+import time
+
+import torch
+
+
+def sync(device: str) -> None:
+    kind = torch.device(device).type
+    if kind == "neuron":
+        torch.neuron.synchronize()
+    elif kind == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2) -> dict:
+    """Per-call seconds of `fn` (called `inner` times per repeat, synchronised at the end of each repeat)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync(device)
+        samples.append((time.perf_counter() - start) / inner)
+    return {"min": min(samples), "median": statistics.median(samples), "repeats": repeats, "inner": inner}
