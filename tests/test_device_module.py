@@ -140,3 +140,18 @@ def test_memory_accounting():
 def test_amp_dtypes_advertised():
     assert torch.bfloat16 in torch.neuron.get_amp_supported_dtype()
     assert torch.neuron.is_bf16_supported()
+
+
+def test_every_patch_is_applied():
+    import torchneuron.patches as patches
+
+    assert patches.applied() == patches._APPLIED and len(patches._APPLIED) >= 4
+
+
+def test_torch_accelerator_api_reaches_neuron():
+    x = torch.ones(256, device="neuron")
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() == torch.neuron.memory_allocated() >= x.numel() * 4
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.set_device_index(0)
+    assert torch.get_device_module("neuron") is torch.neuron

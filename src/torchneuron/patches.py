@@ -83,12 +83,43 @@ def swap_module_params_on_conversion():
     torch.__future__.set_swap_module_params_on_conversion(True)
 
 
+@_patch
+def accelerator_api_routes_to_torch_neuron():
+    """torch.accelerator.synchronize / set_device_index / memory_* go through the C++ device guard and
+    device allocator, which a Python backend cannot supply (only the guard's type is overridable).
+    When neuron is the current accelerator these calls go to torch.neuron instead."""
+    accelerator = torch.accelerator
+
+    def route(name, neuron_name=None):
+        original = getattr(accelerator, name, None)
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def routed(*args, **kwargs):
+            if accelerator.current_accelerator().type == "neuron":
+                return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        setattr(accelerator, name, routed)
+
+    route("synchronize")
+    route("set_device_index", "set_device")
+    route("set_device_idx", "set_device")
+    route("current_device_index", "current_device")
+    route("current_device_idx", "current_device")
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                 "memory_stats", "reset_peak_memory_stats", "empty_cache"):
+        route(name)
+
+
 def apply() -> None:
     if getattr(apply, "done", False):
         return
     torch_load_map_location_neuron()
     pin_memory_without_allocator()
     swap_module_params_on_conversion()
+    accelerator_api_routes_to_torch_neuron()
     apply.done = True
 
 
