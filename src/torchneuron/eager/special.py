@@ -66,6 +66,10 @@ def copy_(func, args, kwargs):
     if not isinstance(dst, NeuronTensor):
         return dst.copy_(to_host(src))
     if not isinstance(src, NeuronTensor):
+        if _is_whole_storage(dst) and src.dtype == dst.dtype and src.shape == dst.shape:
+            # `.to("neuron")`: the transferred buffer becomes the destination's storage, no program runs
+            dst._storage.buffer = transfer.host_to_device(src, dst.device.index)
+            return dst
         src = from_host(src, dst.device.index)
     elif src.device != dst.device:
         src = _move(src, dst.device.index)
