@@ -168,20 +168,16 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return jnp.sum(v**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
 
 
-@lower(aten.cumsum)
-def cumsum(x, dim, *, dtype=None):
-    out = _accumulate_dtype(x, dtype)
-    if x.ndim == 0:
-        return x.astype(out)
-    return jnp.cumsum(x.astype(out), axis=dim % x.ndim)
+def _scan(fn):
+    def lowering(x, dim, *, dtype=None):
+        out = _accumulate_dtype(x, dtype)
+        return x.astype(out) if x.ndim == 0 else fn(x.astype(out), axis=dim % x.ndim)
+
+    return lowering
 
 
-@lower(aten.cumprod)
-def cumprod(x, dim, *, dtype=None):
-    out = _accumulate_dtype(x, dtype)
-    if x.ndim == 0:
-        return x.astype(out)
-    return jnp.cumprod(x.astype(out), axis=dim % x.ndim)
+lower(aten.cumsum)(_scan(jnp.cumsum))
+lower(aten.cumprod)(_scan(jnp.cumprod))
 
 
 @lower(aten.cummax)
