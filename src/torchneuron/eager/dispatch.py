@@ -76,30 +76,24 @@ class Compute:
 
     def __call__(self, func, args, kwargs):
         tensors, scalars = [], []
-        targs = template(args, tensors, scalars, self.dynamic_floats)
-        tkwargs = tuple((k, template(v, tensors, scalars, self.dynamic_floats)) for k, v in kwargs.items())
+        dynamic = self.dynamic_floats
+        targs = template(args, tensors, scalars, dynamic)
+        tkwargs = tuple((k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()) if kwargs else ()
         if any(type(t) is not NeuronTensor for t in tensors):
             special.bring_to_device(tensors)
-        storages, pattern, index = [], [], {}
+        # one pass: which storage each tensor views (aliasing is part of the program) and how
+        storages, index, layout = [], {}, []
         for t in tensors:
             s = t._storage
-            i = index.get(id(s))
+            i = index.get(s)
             if i is None:
-                i = index[id(s)] = len(storages)
+                i = index[s] = len(storages)
                 storages.append(s)
-            pattern.append(i)
-        key = (
-            func,
-            targs,
-            tkwargs,
-            tuple(t._spec for t in tensors),
-            tuple(pattern),
-            tuple(s.numel for s in storages),
-            tuple(type(s) for s in scalars),
-        )
+            layout.append((t._spec, i, s.numel))
+        key = (func, targs, tkwargs, tuple(layout), tuple(map(type, scalars)) if scalars else ())
         entry = eager_cache.get(key)
         if entry is None:
-            entry = Executable(self, targs, tkwargs, tensors, pattern, storages, scalars)
+            entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in layout], storages, scalars)
             eager_cache.put(key, entry)
         if entry is fallback.run_on_cpu:
             return fallback.run_on_cpu(func, args, kwargs)
