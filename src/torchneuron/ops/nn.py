@@ -134,12 +134,13 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
     return out.astype(x.dtype), empty, empty, running_mean, running_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training)
-def batch_norm_no_stats(x, weight, bias, *rest):
-    if len(rest) == 3:  # _native_batch_norm_legit_no_training(x, w, b, running_mean, running_var, momentum, eps)
-        running_mean, running_var, _momentum = rest
-        return batch_norm_functional(x, weight, bias, running_mean, running_var, False, 0.0, _momentum)[:3]
-    training, momentum, eps = rest
+@lower(aten._native_batch_norm_legit_no_training)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     v = _opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     out, mean, rstd = _normalize(v, axes, eps)
