@@ -35,6 +35,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
         raise RuntimeError(f"Unrecognized mode={mode!r} for backend 'neuron', should be one of: {', '.join(MODES)}")
     if options:
         raise RuntimeError(f"backend 'neuron' takes no options, got {sorted(options)}")
+    counters["dynamo_graphs"] += 1
     return aot_module_simplified(
         gm,
         example_inputs,
