@@ -130,8 +130,9 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
     rstd = lax.rsqrt(_opmath(running_var) + eps)
     out = (v - _opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
     out = _affine(out, weight, bias, shape)
-    empty = jnp.zeros((0,), jnp.float32)
-    return out.astype(x.dtype), empty, empty, running_mean, running_var
+    # the CPU returns empty saved statistics, the meta kernels (which size eager outputs) per-channel ones
+    unused = jnp.zeros(running_mean.shape, jnp.float32)
+    return out.astype(x.dtype), unused, unused, running_mean, running_var
 
 
 @lower(aten._native_batch_norm_legit_no_training)
@@ -145,6 +146,13 @@ def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     axes = (0,) + tuple(range(2, x.ndim))
     out, mean, rstd = _normalize(v, axes, eps)
     return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
+
+
+@lower(aten.native_batch_norm)
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training or running_mean is None:
+        return batch_norm_no_stats(x, weight, bias, training, momentum, eps)
+    return batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
 @lower(aten.native_batch_norm_backward)
