@@ -8,6 +8,7 @@ names the upstream gap, and is idempotent; `apply()` runs them all and
 `applied()` lets a test check that they are in force.
 """
 import functools
+import os
 
 import torch
 
@@ -45,7 +46,24 @@ def tangents_accept_neuron_tensors() -> None:
     NeuronTensor.__coerce_same_metadata_as_tangent__ = coerce_same_metadata_as_tangent
 
 
-_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors)
+def dynamo_skips_torchneuron_frames() -> None:
+    """Dynamo compiles every Python frame that runs while a compiled function is active and that is not
+    in its skip list. Eager code between graphs (a graph break's `bool(tensor)`, an op run eagerly)
+    enters our dispatcher in Python, and Dynamo would try to trace the runtime itself."""
+    from torch._dynamo import trace_rules
+
+    if not _skipped_by_dynamo():
+        trace_rules.add("torchneuron")
+
+
+def _skipped_by_dynamo() -> bool:
+    from torch._dynamo import trace_rules
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return any(os.path.abspath(d) == package for d in trace_rules.SKIP_DIRS if os.path.isabs(d))
+
+
+_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors, dynamo_skips_torchneuron_frames)
 
 
 @functools.cache
@@ -63,4 +81,5 @@ def applied() -> dict:
             VariableBuilder._type_dispatch_impl, "neuron_patched", False
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
+        "dynamo_skips_torchneuron_frames": _skipped_by_dynamo(),
     }
