@@ -249,7 +249,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     return dx if output_mask[0] else None, dw if output_mask[1] else None, db
 
 
-@lower(aten.native_dropout, random=True)
+@lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p
 def native_dropout(x, p, train, *, key):
     if not train or p == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
