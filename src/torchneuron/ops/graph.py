@@ -3,7 +3,6 @@
 Shared by decomposition-based lowerings (eager), adaptive eager and torch.compile.
 """
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -32,18 +31,26 @@ def _cast_like(value, meta):
 
 
 def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
+    return run_graph_with_inputs(gm, inputs, key)[0]
+
+
+def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
+    """The graph's outputs, and the final value of each input (inputs the graph mutates change)."""
     env = {}
     feed = iter(inputs)
+    placeholders = []
     for index, node in enumerate(gm.graph.nodes):
         if node.op == "placeholder":
             env[node] = next(feed)
+            placeholders.append(node)
         elif node.op == "get_attr":
-            env[node] = jnp.asarray(tensor_to_numpy(getattr(gm, node.target)))
+            env[node] = _constant(getattr(gm, node.target))
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
             target = node.target
-            if target is operator.getitem:
-                env[node] = args[0][args[1]]
+            if not isinstance(target, torch._ops.OpOverload):
+                # getitem and the arithmetic of symbolic sizes: plain Python on static values
+                env[node] = target(*args, **kwargs)
                 continue
             if not isinstance(target, torch._ops.OpOverload):
                 env[node] = target(*args, **kwargs)  # Python-level helpers traced into the graph
@@ -62,11 +69,18 @@ def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
                 out = _cast_like(out, meta)
             env[node] = out
             if mutated:
-                # decompositions mutate only fresh intermediates: rebind the mutated node to its new value
+                # rebind the mutated node to its new value: later uses, and the caller, see the write
                 _rebind_mutated(node, target, mutated, out, env)
         elif node.op == "output":
-            return torch.fx.node.map_arg(node.args[0], env.__getitem__)
+            outputs = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+            return outputs, [env[p] for p in placeholders]
     raise AssertionError("graph has no output node")
+
+
+def _constant(value):
+    if isinstance(value, torch.Tensor):
+        return jnp.asarray(tensor_to_numpy(value.cpu()))
+    return value
 
 
 def _rebind_mutated(node, target, mutated, out, env):

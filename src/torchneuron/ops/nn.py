@@ -130,20 +130,29 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
     rstd = lax.rsqrt(_opmath(running_var) + eps)
     out = (v - _opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
     out = _affine(out, weight, bias, shape)
-    empty = jnp.zeros((0,), jnp.float32)
-    return out.astype(x.dtype), empty, empty, running_mean, running_var
+    # the CPU returns empty saved statistics, the meta kernels (which size eager outputs) per-channel ones
+    unused = jnp.zeros(running_mean.shape, jnp.float32)
+    return out.astype(x.dtype), unused, unused, running_mean, running_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training)
-def batch_norm_no_stats(x, weight, bias, *rest):
-    if len(rest) == 3:  # _native_batch_norm_legit_no_training(x, w, b, running_mean, running_var, momentum, eps)
-        running_mean, running_var, _momentum = rest
-        return batch_norm_functional(x, weight, bias, running_mean, running_var, False, 0.0, _momentum)[:3]
-    training, momentum, eps = rest
+@lower(aten._native_batch_norm_legit_no_training)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     v = _opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     out, mean, rstd = _normalize(v, axes, eps)
     return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
+
+
+@lower(aten.native_batch_norm)
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training or running_mean is None:
+        return batch_norm_no_stats(x, weight, bias, training, momentum, eps)
+    return batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
 @lower(aten.native_batch_norm_backward)
@@ -240,7 +249,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     return dx if output_mask[0] else None, dw if output_mask[1] else None, db
 
 
-@lower(aten.native_dropout, random=True)
+@lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p
 def native_dropout(x, p, train, *, key):
     if not train or p == 0:
         return x, jnp.ones(x.shape, jnp.bool_)

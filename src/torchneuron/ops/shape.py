@@ -217,3 +217,13 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     flat = layout.write(x.reshape(-1), src.astype(x.dtype), tuple(size), tuple(stride), storage_offset or 0)
     return flat.reshape(x.shape)
+
+
+@lower(aten.sym_size.int)
+def sym_size(x, dim):
+    return x.shape[dim]
+
+
+@lower(aten.sym_numel)
+def sym_numel(x):
+    return math.prod(x.shape)

@@ -1,0 +1,108 @@
+"""Per-step time of a small transformer training step, and compiled-graph start-up from a cold and a warm cache.
+
+    python bench/compile_step.py            # full run (minutes; run it on a quiet machine)
+    python bench/compile_step.py --smoke    # tiny sizes, two steps: checks that every variant runs
+
+Variants: neuron compiled (backend="neuron"), neuron eager, CPU eager, CPU torch.compile (Inductor).
+Start-up: a fresh process builds the model and runs one compiled step, first with an empty
+TORCHNEURON_CACHE_DIR (cold: XLA compiles every graph), then again with the cache it left (warm).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
+# the function rather than backend="neuron": works before `pip install -e .` refreshes the entry points
+from torchneuron.compile import neuron_backend
+
+FULL = dict(batch=8, seq=64, d=128, heads=4, layers=2, warmup=3, steps=20)
+SMOKE = dict(batch=2, seq=8, d=16, heads=2, layers=1, warmup=1, steps=2)
+
+
+def make_model(sizes):
+    layer = nn.TransformerEncoderLayer(sizes["d"], sizes["heads"], 4 * sizes["d"], dropout=0.1,
+                                       activation="gelu", batch_first=True, norm_first=True)
+    return nn.Sequential(nn.TransformerEncoder(layer, sizes["layers"], enable_nested_tensor=False),
+                         nn.Linear(sizes["d"], sizes["d"]))
+
+
+def make_step(device, compiled, sizes):
+    torch.manual_seed(0)
+    model = make_model(sizes).to(device)
+    forward = torch.compile(model, backend=neuron_backend if device == "neuron" else "inductor") if compiled else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # requires_grad: eager neuron aborts in backward when the first layer's input needs no gradient
+    # (masked-off grad_input of layer_norm/convolution backward; a known eager bug), same work everywhere
+    x = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device).requires_grad_()
+    target = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device)
+
+    def step():
+        loss = nn.functional.mse_loss(forward(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.item()  # waits for the device
+
+    return step
+
+
+def time_steps(step, sizes) -> dict:
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    for _ in range(sizes["warmup"]):
+        step()
+    start = time.perf_counter()
+    for _ in range(sizes["steps"]):
+        step()
+    return {"first_step_s": first, "step_ms": 1000 * (time.perf_counter() - start) / sizes["steps"]}
+
+
+def startup(sizes) -> dict:
+    """Run in a child process: build the model and time one compiled step."""
+    start = time.perf_counter()
+    loss = make_step("neuron", True, sizes)()
+    from torchneuron.compile import report
+
+    return {"startup_s": time.perf_counter() - start, "loss": loss, **report()}
+
+
+def child_startup(args, cache_dir) -> dict:
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=cache_dir)
+    command = [sys.executable, __file__, "--child-startup"] + (["--smoke"] if args.smoke else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes and two steps")
+    parser.add_argument("--child-startup", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else FULL
+    if args.child_startup:
+        print(json.dumps(startup(sizes)))
+        return
+    results = {"sizes": sizes}
+    for name, device, compiled in [("neuron compiled", "neuron", True), ("neuron eager", "neuron", False),
+                                   ("cpu eager", "cpu", False), ("cpu inductor", "cpu", True)]:
+        results[name] = time_steps(make_step(device, compiled, sizes), sizes)
+        print(f"{name:16s} step {results[name]['step_ms']:9.2f} ms   first step {results[name]['first_step_s']:7.2f} s",
+              flush=True)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name in ("cold cache", "warm cache"):
+            results[name] = child_startup(args, cache_dir)
+            r = results[name]
+            print(f"{name:16s} start-up {r['startup_s']:7.2f} s   xla_compiles {r['xla_compiles']}   "
+                  f"disk_cache_hits {r['disk_cache_hits']}", flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

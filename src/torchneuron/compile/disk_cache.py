@@ -1,0 +1,70 @@
+"""Compiled graphs persisted on disk, so a second process loads executables instead of compiling.
+
+Entries are serialized XLA executables keyed by the program's StableHLO text,
+the device it runs on, and the jax, jaxlib and torch versions (the directory
+name carries the versions and platform, so an upgrade starts a fresh cache).
+TORCHNEURON_CACHE_DIR moves the cache (default ~/.cache/torchneuron, or
+$XDG_CACHE_HOME/torchneuron); TORCHNEURON_COMPILE_CACHE=0 turns it off.
+"""
+import functools
+import hashlib
+import os
+import pickle
+import tempfile
+
+import jax
+import jaxlib
+import torch
+from jax.experimental import serialize_executable
+
+from .stats import counters
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHNEURON_COMPILE_CACHE", "1") != "0"
+
+
+def root() -> str:
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torchneuron")
+    return os.environ.get("TORCHNEURON_CACHE_DIR", default)
+
+
+@functools.cache
+def _versions() -> str:
+    platform = jax.devices()[0].platform
+    return f"jax-{jax.__version__}_jaxlib-{jaxlib.__version__}_torch-{torch.__version__}_{platform}"
+
+
+def directory() -> str:
+    return os.path.join(root(), "compiled", _versions())
+
+
+def _path(lowered, device) -> str:
+    digest = hashlib.sha256()
+    digest.update(f"{_versions()}|{device}|".encode())
+    digest.update(lowered.as_text().encode())
+    return os.path.join(directory(), digest.hexdigest() + ".xla")
+
+
+def compile_lowered(lowered, device):
+    """The executable for `lowered`: loaded from the disk cache when present, else compiled (and stored)."""
+    path = _path(lowered, device) if enabled() else None
+    if path is not None and os.path.exists(path):
+        with open(path, "rb") as f:
+            payload, in_tree, out_tree = pickle.load(f)
+        counters["disk_cache_hits"] += 1
+        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    counters["xla_compiles"] += 1
+    compiled = lowered.compile()
+    if path is not None:
+        _store(path, serialize_executable.serialize(compiled))
+    return compiled
+
+
+def _store(path, entry) -> None:
+    """Write atomically: concurrent processes may compile the same graph."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(entry, f)
+    os.replace(tmp, path)

@@ -1,0 +1,156 @@
+"""Graph breaks, recompiles and dynamic shapes, randomness, input mutation, modes, ops without lowerings."""
+import pytest
+import torch
+
+import torchneuron.compile as neuron_compile
+from torchneuron.compile import patches
+
+from .models import Block
+
+
+def _neuron(t):
+    return t.to("neuron")
+
+
+def test_patches_are_applied():
+    assert all(patches.applied().values()), patches.applied()
+
+
+def test_listed_as_a_backend():
+    assert "neuron" in torch._dynamo.list_backends()
+
+
+def test_graph_breaks_give_several_correct_graphs(capsys):
+    def f(x):
+        y = x.sin() * 2
+        print("between graphs")
+        if y.sum() > 0:  # data-dependent branch
+            return y.cos()
+        return y.exp()
+
+    fast = torch.compile(f, backend="neuron")
+    for x in (torch.randn(6), -torch.rand(6) - 1):
+        torch.testing.assert_close(fast(_neuron(x)).cpu(), f(x))
+    assert neuron_compile.report()["dynamo_graphs"] >= 3
+    assert "between graphs" in capsys.readouterr().out
+
+
+def test_new_shapes_recompile_and_are_counted():
+    fast = torch.compile(lambda x: (x * x).sum(0), backend="neuron")
+    for n in (3, 3, 4, 5, 6):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(fast(_neuron(x)).cpu(), (x * x).sum(0))
+    report = neuron_compile.report()
+    # one program per distinct shape, built either by a Dynamo recompile or by shape specialisation
+    assert report["specialisations"] == 4
+    assert report["dynamo_graphs"] + report["recompiles"] == 4
+
+
+@pytest.mark.parametrize("how", ["dynamic", "mark_dynamic"])
+def test_dynamic_shapes_specialise_per_shape(how):
+    def f(x):
+        return torch.nn.functional.gelu(x.view(x.shape[0], -1)).mean(1)
+
+    fast = torch.compile(f, backend="neuron", dynamic=True if how == "dynamic" else None)
+    for n in (4, 5, 7):  # no size equal to another dim's: Dynamo's duck sizing would tie them
+        x = torch.randn(n, 2, 3)
+        device_x = _neuron(x)
+        if how == "mark_dynamic":
+            torch._dynamo.mark_dynamic(device_x, 0)
+        torch.testing.assert_close(fast(device_x).cpu(), f(x))
+    report = neuron_compile.report()
+    assert report["dynamo_graphs"] == 1
+    assert report["recompiles"] == 2
+
+
+def test_dropout_follows_the_device_generator():
+    fast = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), backend="neuron")
+    x = _neuron(torch.ones(4000))
+    torch.manual_seed(1)
+    first = fast(x).cpu()
+    torch.manual_seed(1)
+    again = fast(x).cpu()
+    following = fast(x).cpu()
+    torch.testing.assert_close(first, again)
+    assert not torch.equal(first, following)
+    assert set(first.unique().tolist()) == {0.0, 2.0}
+    assert 0.45 < (first == 0).float().mean().item() < 0.55
+
+
+def test_training_with_dropout_is_reproducible():
+    def losses():
+        torch.manual_seed(0)
+        model = Block(dropout=0.2).to("neuron")
+        fast = torch.compile(model, backend="neuron")
+        x = _neuron(torch.randn(2, 5, 16))
+        loss = fast(x).square().mean()
+        loss.backward()
+        return loss.cpu(), model.fc1.weight.grad.cpu()
+
+    first, second = losses(), losses()
+    torch.testing.assert_close(first, second)
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(3))
+
+    def forward(self, x, cache, position: int):
+        self.calls.add_(1)
+        cache[:, position] = x  # a KV-cache style write into an input
+        return cache.sum(1)
+
+
+def test_input_mutations_reach_the_neuron_tensors():
+    cpu_model = Counter()
+    model = Counter().to("neuron")
+    fast = torch.compile(model, backend="neuron")
+    cpu_cache, cache = torch.zeros(2, 4), _neuron(torch.zeros(2, 4))
+    with torch.no_grad():
+        for position in range(3):
+            x = torch.randn(2)
+            before = cache._storage.buffer
+            out = fast(_neuron(x), cache, position)
+            torch.testing.assert_close(out.cpu(), cpu_model(x, cpu_cache, position))
+    torch.testing.assert_close(cache.cpu(), cpu_cache)
+    torch.testing.assert_close(model.calls.cpu(), cpu_model.calls)
+    assert before.is_deleted()  # the mutated input's old buffer was donated to the executable
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_modes(mode):
+    fast = torch.compile(lambda x: x.relu() + 1, backend="neuron", mode=mode)
+    x = torch.randn(5)
+    torch.testing.assert_close(fast(_neuron(x)).cpu(), x.relu() + 1)
+
+
+def test_unknown_mode_is_an_error():
+    with pytest.raises(RuntimeError, match="Unrecognized mode"):
+        torch.compile(lambda x: x + 1, backend="neuron", mode="fastest")(_neuron(torch.ones(2)))
+
+
+@torch.library.custom_op("neurontest::triple", mutates_args=())
+def triple(x: torch.Tensor) -> torch.Tensor:
+    """An op the lowering table cannot know (no lowering, no decomposition)."""
+    return (x.cpu() * 3).to(x.device)
+
+
+@triple.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_op_without_lowering_splits_the_graph():
+    def f(x):
+        return triple(x.sin() + 1).cos() * 2
+
+    fast = torch.compile(f, backend="neuron")
+    x = torch.randn(7)
+    with pytest.warns(UserWarning, match="neurontest.triple"):
+        out = fast(_neuron(x))
+    torch.testing.assert_close(out.cpu(), f(x))
+    report = neuron_compile.report()
+    assert report["eager_ops"] == {"neurontest.triple.default": 1}
+    assert report["dynamo_graphs"] == 1
+    assert report["specialisations"] == 2  # the compiled pieces before and after the eager op
