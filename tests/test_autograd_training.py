@@ -116,3 +116,20 @@ def test_small_cnn_and_transformer_blocks_match_cpu():
         for p, g in zip(model.parameters(), cpu_grads):
             assert_same(p.grad, g, rtol=1e-4, atol=1e-4)
         model.cpu()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batchnorm_running_statistics(train):
+    torch.manual_seed(3)
+    x = torch.randn(4, 3, 5, 5)
+    cpu = torch.nn.BatchNorm2d(3).train(train)
+    cpu.running_var.fill_(2.0)
+    neuron = torch.nn.BatchNorm2d(3).train(train)
+    neuron.load_state_dict(cpu.state_dict())
+    neuron.to("neuron")
+    for _ in range(2):
+        expected, got = cpu(x), neuron(x.to("neuron"))
+    assert_same(got, expected, rtol=1e-5, atol=1e-5)
+    assert_same(neuron.running_mean, cpu.running_mean)
+    assert_same(neuron.running_var, cpu.running_var)
+    assert_same(neuron.num_batches_tracked, cpu.num_batches_tracked)

@@ -219,3 +219,16 @@ def index_put(func, args, kwargs):
     if _has_mask(indices):
         indices = _masks_to_indices(indices)
     return _computation(func)(func, (x, indices, *rest), kwargs)
+
+
+@handles(aten.native_batch_norm.default)
+def native_batch_norm(func, args, kwargs):
+    """Its schema does not mark the running statistics as written, though the kernel updates them:
+    route to the overloads that say what they write."""
+    x, weight, bias, running_mean, running_var, training, momentum, eps = args
+    if running_mean is None:
+        return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)
+    if not training:
+        return aten._native_batch_norm_legit_no_training.default(x, weight, bias, running_mean, running_var,
+                                                                 momentum, eps)
+    return aten._native_batch_norm_legit.default(x, weight, bias, running_mean, running_var, training, momentum, eps)

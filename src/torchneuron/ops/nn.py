@@ -148,13 +148,6 @@ def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
 
 
-@lower(aten.native_batch_norm)
-def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training or running_mean is None:
-        return batch_norm_no_stats(x, weight, bias, training, momentum, eps)
-    return batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
-
-
 @lower(aten.native_batch_norm_backward)
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):

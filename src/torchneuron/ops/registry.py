@@ -68,10 +68,7 @@ def _signature_without(op, skip) -> tuple:
     return tuple((a.name, str(a.type)) for a in op._schema.arguments if a.name not in skip)
 
 
-# mutating ops whose functional twin does not follow the naming conventions
-_FUNCTIONAL = {
-    torch.ops.aten.native_batch_norm.default: torch.ops.aten._native_batch_norm_legit_functional.default,
-}
+_FUNCTIONAL = {}
 
 
 def functional_variant(op):
