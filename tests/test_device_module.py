@@ -143,9 +143,11 @@ def test_amp_dtypes_advertised():
 
 
 def test_every_patch_is_applied():
-    import torchneuron.patches as patches
+    import torchneuron.compile  # noqa: F401  (the compile patches apply when the backend loads)
+    from torchneuron import patches
 
-    assert patches.applied() == patches._APPLIED and len(patches._APPLIED) >= 4
+    applied = patches.applied()
+    assert len(applied) >= 7 and all(applied.values()), applied
 
 
 def test_torch_accelerator_api_reaches_neuron():

@@ -1,14 +1,21 @@
 """Every patch TorchNeuron applies to PyTorch, one function each, naming the upstream gap.
 
-A Python backend without a C++ allocator cannot hold PyTorch storages on its
-device; each patch below routes one PyTorch path around that. `applied()`
-lists them and a test checks they are all in place.
+Runtime patches (applied on import): a Python backend has no C++ allocator,
+device guard or hooks beyond the basics, so PyTorch paths that need them are
+routed around. Compile patches (applied when the `neuron` Dynamo backend
+loads): a NeuronTensor is a wrapper subclass only so that its ops reach our
+`__torch_dispatch__`; to Dynamo and AOTAutograd it must look like an ordinary
+tensor on the `neuron` device, which PyTorch decides by exact type in a few
+places. `applied()` reports every patch and a test checks they are in force.
 """
 import functools
+import os
 import warnings
 import weakref
 
 import torch
+
+from .runtime.tensor import NeuronTensor
 
 _APPLIED = []
 
@@ -113,6 +120,61 @@ def accelerator_api_routes_to_torch_neuron():
         route(name)
 
 
+# --- compile patches ---------------------------------------------------------------
+
+
+def dynamo_wraps_neuron_tensors_as_tensors() -> None:
+    """Dynamo's VariableBuilder wraps a tensor as a TensorVariable only for its exact type table
+    (Tensor, Parameter, FakeTensor, FunctionalTensor) or when `__torch_dispatch__` is Tensor's own;
+    anything else becomes a user-defined object and Dynamo traces into our dispatcher."""
+    from torch._dynamo.variables.builder import VariableBuilder
+
+    original = VariableBuilder._type_dispatch_impl
+    if getattr(original, "neuron_patched", False):
+        return
+    unwrapped = original.__func__.__wrapped__
+
+    @functools.cache
+    def type_dispatch_impl(cls, trace_numpy):
+        table = dict(unwrapped(cls, trace_numpy))
+        table[NeuronTensor] = cls.wrap_tensor
+        return table
+
+    type_dispatch_impl.neuron_patched = True
+    VariableBuilder._type_dispatch_impl = classmethod(type_dispatch_impl)
+
+
+def tangents_accept_neuron_tensors() -> None:
+    """AOTAutograd's backward compares each runtime tangent's type with the plain `torch.Tensor` it
+    traced, and rejects a subclass unless it defines `__coerce_same_metadata_as_tangent__`."""
+
+    def coerce_same_metadata_as_tangent(self, expected_metadata, expected_type=None):
+        return self
+
+    NeuronTensor.__coerce_same_metadata_as_tangent__ = coerce_same_metadata_as_tangent
+
+
+def dynamo_skips_torchneuron_frames() -> None:
+    """Dynamo compiles every Python frame that runs while a compiled function is active and that is not
+    in its skip list. Eager code between graphs (a graph break's `bool(tensor)`, an op run eagerly)
+    enters our dispatcher in Python, and Dynamo would try to trace the runtime itself."""
+    from torch._dynamo import trace_rules
+
+    if not _skipped_by_dynamo():
+        trace_rules.add("torchneuron")
+
+
+def _skipped_by_dynamo() -> bool:
+    from torch._dynamo import trace_rules
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    return any(os.path.abspath(d) == package for d in trace_rules.SKIP_DIRS if os.path.isabs(d))
+
+
+_COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
+                    dynamo_skips_torchneuron_frames)
+
+
 def apply() -> None:
     if getattr(apply, "done", False):
         return
@@ -123,5 +185,21 @@ def apply() -> None:
     apply.done = True
 
 
-def applied() -> list:
-    return list(_APPLIED) if getattr(apply, "done", False) else []
+@functools.cache
+def apply_compile() -> None:
+    for patch in _COMPILE_PATCHES:
+        patch()
+
+
+def applied() -> dict:
+    """Which patches are in force, by name (the test suite asserts all are)."""
+    from torch._dynamo.variables.builder import VariableBuilder
+
+    runtime = {name: getattr(apply, "done", False) for name in _APPLIED}
+    return runtime | {
+        "dynamo_wraps_neuron_tensors_as_tensors": getattr(
+            VariableBuilder._type_dispatch_impl, "neuron_patched", False
+        ),
+        "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
+        "dynamo_skips_torchneuron_frames": _skipped_by_dynamo(),
+    }
