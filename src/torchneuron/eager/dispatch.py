@@ -170,9 +170,14 @@ class Executable:
         new_specs, fresh_specs = self.new_specs, self.fresh_specs
         storage_dtypes = self.storage_dtypes
 
-        def program(mutable_buffers, read_buffers, dynamic_scalars, key):
-            buffers = dict(zip(mutated_storages, mutable_buffers))
-            buffers.update(zip(read_storages, read_buffers))
+        n_mutable, n_read, n_scalars = len(mutated_storages), len(read_storages), len(scalars)
+
+        def program(*flat):
+            # flat positional arguments: jit's fast path skips pytree work (mutated buffers first, donated)
+            buffers = dict(zip(mutated_storages, flat[:n_mutable]))
+            buffers.update(zip(read_storages, flat[n_mutable : n_mutable + n_read]))
+            dynamic_scalars = flat[n_mutable + n_read : n_mutable + n_read + n_scalars]
+            key = flat[-1] if self.random else None
             values = [_read(buffers[p], spec) for spec, p in zip(specs, pattern)]
             call_args = fill(targs, values, dynamic_scalars)
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
@@ -185,24 +190,27 @@ class Executable:
                 p = pattern[i]
                 buffers[p] = _write(buffers[p], written[i], specs[i], storage_dtypes[p])
             outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
-            return [buffers[p] for p in mutated_storages], outputs
+            return tuple(buffers[p] for p in mutated_storages) + tuple(outputs)
 
         self.op = op.func
-        self.compiled = jax.jit(program, donate_argnums=(0,))
+        self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
         self.traced = False
 
     def run(self, tensors, storages, scalars):
-        mutable = [storages[p].buffer for p in self.mutated_storages]
-        readonly = [storages[p].buffer for p in self.read_storages]
-        key = rng.next_key(self.device_index) if self.random else None
+        flat = [storages[p].buffer for p in self.mutated_storages]
+        flat += [storages[p].buffer for p in self.read_storages]
+        flat += scalars
+        if self.random:
+            flat.append(rng.next_key(self.device_index))
         if self.traced:
-            new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
+            results = self.compiled(*flat)
         else:
             try:  # the first call traces and compiles; nothing is donated if that fails
-                new_buffers, outputs = self.compiled(mutable, readonly, scalars, key)
+                results = self.compiled(*flat)
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
+        new_buffers, outputs = results[: len(self.mutated_storages)], results[len(self.mutated_storages) :]
         for p, buffer in zip(self.mutated_storages, new_buffers):
             storages[p].buffer = buffer
         fresh = [_wrap_new(buf, spec, self.device_index) for buf, spec in zip(outputs, self.fresh_specs)]
