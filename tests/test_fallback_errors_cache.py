@@ -99,3 +99,21 @@ def test_cache_evicts_when_full():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     entries, evictions = map(int, out.stdout.split())
     assert entries == 4 and evictions > 0
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (lambda d: torch.nn.functional.embedding(torch.tensor([1, 7], device=d), torch.randn(5, 3, device=d)), IndexError),
+        (lambda d: torch.randn(3, 4, device=d)[torch.tensor([5], device=d)], IndexError),
+        (lambda d: torch.randn(3, 4, device=d).index_select(0, torch.tensor([3], device=d)), IndexError),
+        (lambda d: torch.gather(torch.randn(3, 4, device=d), 1, torch.tensor([[9]], device=d)), RuntimeError),
+    ],
+)
+def test_out_of_range_index_values_raise_at_synchronisation(bad, error):
+    with pytest.raises(error):
+        bad("cpu")
+    result = bad("neuron")  # like CUDA, the op is queued; the error surfaces when the host waits
+    with pytest.raises(error, match="reported at synchronisation"):
+        result.cpu()
+    assert torch.ones(2, device="neuron").sum().item() == 2.0  # the failure was consumed

@@ -128,10 +128,14 @@ def _all_ready(index: int) -> bool:
 
 
 def synchronize(device=None) -> None:
-    """Wait until every operation queued on the device has finished."""
+    """Wait until every operation queued on the device has finished, and report failed device checks."""
     import jax
 
-    jax.block_until_ready(_live_buffers(_index(device)))
+    from ..runtime import pending_checks
+
+    index = _index(device)
+    jax.block_until_ready(_live_buffers(index))
+    pending_checks.raise_failures(index)
 
 
 # --- streams and events --------------------------------------------------------

@@ -14,9 +14,10 @@ import jax
 import torch
 
 from ..device import rng
-from ..ops import registry
+from ..ops import checks, registry
 from ..ops.graph import lowering_for
 from ..runtime import layout
+from ..runtime import pending_checks
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
 from ..runtime.storage import Storage
@@ -183,18 +184,21 @@ class Executable:
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
                 call_kwargs["key"] = rng.key_from(key)
-            results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
+            with checks.collecting() as conditions:
+                results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
+            self.check_errors = [(error, message) for _, error, message in conditions]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
             written = dict(zip(mutated, results[n_fresh:]))
             for i in mutated_list:
                 p = pattern[i]
                 buffers[p] = _write(buffers[p], written[i], specs[i], storage_dtypes[p])
             outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
-            return tuple(buffers[p] for p in mutated_storages) + tuple(outputs)
+            return tuple(buffers[p] for p in mutated_storages) + tuple(outputs) + tuple(c for c, _, _ in conditions)
 
         self.op = op.func
         self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
         self.traced = False
+        self.check_errors = []
 
     def run(self, tensors, storages, scalars):
         flat = [storages[p].buffer for p in self.mutated_storages]
@@ -210,7 +214,11 @@ class Executable:
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
-        new_buffers, outputs = results[: len(self.mutated_storages)], results[len(self.mutated_storages) :]
+        n_mutated = len(self.mutated_storages)
+        new_buffers, outputs = results[:n_mutated], results[n_mutated:]
+        if self.check_errors:
+            outputs, conditions = outputs[: -len(self.check_errors)], outputs[-len(self.check_errors) :]
+            pending_checks.add(self.device_index, self.op, conditions, self.check_errors)
         for p, buffer in zip(self.mutated_storages, new_buffers):
             storages[p].buffer = buffer
         fresh = [_wrap_new(buf, spec, self.device_index) for buf, spec in zip(outputs, self.fresh_specs)]

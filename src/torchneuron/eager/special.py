@@ -1,7 +1,7 @@
 """Ops that are not plain computations: transfers, host reads, storage changes."""
 import torch
 
-from ..runtime import transfer
+from ..runtime import pending_checks, transfer
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, wrap
 from ..runtime.layout import contiguous_strides
@@ -34,7 +34,8 @@ def row_major_buffer(tensor: NeuronTensor):
 
 
 def to_host(tensor: NeuronTensor) -> torch.Tensor:
-    """A new contiguous CPU tensor holding a neuron tensor's values."""
+    """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
+    pending_checks.raise_failures(tensor.device.index)
     return transfer.device_to_host(row_major_buffer(tensor), tensor.dtype).reshape(tensor.shape)
 
 

@@ -2,6 +2,7 @@
 import jax.numpy as jnp
 import torch
 
+from . import checks
 from .promotion import cast
 from .registry import lower
 
@@ -17,13 +18,21 @@ def _advanced_index(x, indices):
     return tuple(slice(None) if index is None else index for index in indices)
 
 
+def _check_indices(x, indices):
+    for dim, index in enumerate(indices):
+        if index is not None and index.dtype != jnp.bool_:
+            checks.index_in_range(index, x.shape[dim], message=f"index out of bounds for dimension {dim} with size {x.shape[dim]}")
+
+
 @lower(aten.index.Tensor)
 def index(x, indices):
+    _check_indices(x, indices)
     return x[_advanced_index(x, indices)]
 
 
 @lower(aten.index_put)
 def index_put(x, indices, values, accumulate=False):
+    _check_indices(x, indices)
     key = _advanced_index(x, indices)
     values = values.astype(x.dtype)
     return x.at[key].add(values) if accumulate else x.at[key].set(values)
@@ -33,6 +42,7 @@ def index_put(x, indices, values, accumulate=False):
 def index_select(x, dim, index):
     if x.ndim == 0:
         return x
+    checks.index_in_range(index, x.shape[_dim(x, dim)])
     return jnp.take(x, index, axis=_dim(x, dim))
 
 
@@ -43,8 +53,14 @@ def _along(x, dim, index):
     return tuple(grids)
 
 
+def _check_along(x, dim, index):
+    size = x.shape[_dim(x, dim)] if x.ndim else 1
+    checks.index_in_range(index, size, RuntimeError, f"index out of bounds for dimension {dim} with size {size}")
+
+
 @lower(aten.gather)
 def gather(x, dim, index, *, sparse_grad=False):
+    _check_along(x, dim, index)
     if x.ndim == 0:
         return x.reshape(index.shape)
     return x[_along(x, dim, index)]
@@ -52,6 +68,7 @@ def gather(x, dim, index, *, sparse_grad=False):
 
 @lower(aten.scatter.src, aten.scatter.value)
 def scatter(x, dim, index, src):
+    _check_along(x, dim, index)
     if x.ndim == 0:
         return jnp.broadcast_to(cast(src, x.dtype), ()) if index.size else x
     values = src[tuple(slice(0, s) for s in index.shape)] if hasattr(src, "ndim") and src.ndim else src
@@ -60,6 +77,7 @@ def scatter(x, dim, index, src):
 
 @lower(aten.scatter_add)
 def scatter_add(x, dim, index, src):
+    _check_along(x, dim, index)
     if x.ndim == 0:
         return x + jnp.sum(src) if index.size else x
     values = src[tuple(slice(0, s) for s in index.shape)]

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import checks
 from .promotion import cast
 from .registry import lower
 
@@ -171,6 +172,7 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
 
 @lower(aten.embedding)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    checks.index_in_range(indices, weight.shape[0])
     return jnp.take(weight, indices, axis=0)
 
 
