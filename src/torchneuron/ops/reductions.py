@@ -202,3 +202,14 @@ def _cum_extreme(x, dim, scan):
     positions = lax.broadcasted_iota(jnp.int64, x.shape, axis)
     hits = jnp.where(x == values, positions, -1)
     return values, lax.cummax(hits, axis=axis)
+
+
+@lower(aten.topk)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    moved = jnp.moveaxis(x, dim, -1)
+    # lax.top_k picks the largest; negating picks the smallest with the same (stable) tie order
+    values, indices = lax.top_k(moved if largest else -moved, k)
+    values = values if largest else -values
+    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices.astype(jnp.int64), -1, dim)
