@@ -7,6 +7,7 @@ from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
+    foreach,
     indexing,
     linalg,
     nn,
