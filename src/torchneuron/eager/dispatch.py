@@ -173,7 +173,8 @@ class Executable:
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
                 call_kwargs["key"] = rng.key_from(key)
-            results = _flatten(lowering(*call_args, **call_kwargs))
+            # masked-off outputs (output_mask) are None in the lowering's results and absent from the meta's
+            results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
             written = dict(zip(mutated, results[n_fresh:]))
             for i in mutated_list:
