@@ -213,3 +213,26 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     values, indices = lax.top_k(moved if largest else -moved, k)
     values = values if largest else -values
     return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices.astype(jnp.int64), -1, dim)
+
+
+@lower(aten.sort.default, aten.sort.stable)
+def sort(x, dim=-1, descending=False, *, stable=None):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    # always stable: equal keys keep their order, as PyTorch's CPU kernel does
+    indices = jnp.argsort(x, axis=dim, stable=True, descending=descending)
+    return jnp.take_along_axis(x, indices, axis=dim), indices.astype(jnp.int64)
+
+
+@lower(aten.histc)
+def histc(x, bins=100, min=0, max=0):
+    values = x.astype(jnp.float32 if x.dtype != jnp.float64 else x.dtype)
+    # min == max means the data's own range (and a unit-wide one when that is empty too)
+    low = jnp.where(min == max, jnp.min(values), min)
+    high = jnp.where(min == max, jnp.max(values), max)
+    low, high = jnp.where(low == high, low - 1, low), jnp.where(low == high, high + 1, high)
+    position = jnp.floor((values - low) * bins / (high - low)).astype(jnp.int32)
+    inside = (values >= low) & (values <= high)
+    # the top edge belongs to the last bin
+    index = jnp.where(inside, jnp.clip(position, 0, bins - 1), bins)
+    return jnp.zeros(bins + 1, x.dtype).at[index.reshape(-1)].add(1)[:bins]
