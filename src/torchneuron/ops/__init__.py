@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (registration side effects)
     indexing,
     linalg,
     nn,
+    optim,
     random,
     reductions,
     shape,
