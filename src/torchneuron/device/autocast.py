@@ -67,10 +67,18 @@ def _fp32(args, kwargs):
     return _cast_all(args, kwargs, torch.float32)
 
 
-def _fp32_set_opt_dtype(args, kwargs):
-    if kwargs.get("dtype") is None and _eligible(args[0]):
-        kwargs = dict(kwargs, dtype=torch.float32)
-    return args, kwargs
+def _fp32_set_opt_dtype(op):
+    position = [a.name for a in op._schema.arguments].index("dtype")
+
+    def policy(args, kwargs):
+        if not _eligible(args[0]):
+            return args, kwargs
+        if len(args) > position:
+            return (args if args[position] is not None else
+                    args[:position] + (torch.float32,) + args[position + 1:]), kwargs
+        return args, kwargs if kwargs.get("dtype") is not None else dict(kwargs, dtype=torch.float32)
+
+    return policy
 
 
 def _promote(args, kwargs):
@@ -79,6 +87,8 @@ def _promote(args, kwargs):
 
 
 def _kernel(op, policy):
+    policy = policy(op) if policy is _fp32_set_opt_dtype else policy
+
     def autocast(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
             args, kwargs = policy(args, kwargs)

@@ -56,6 +56,27 @@ def tied_parameters_on_conversion() -> None:
     module.neuron = _swapping(module.neuron, lambda *a, **k: True)
 
 
+def _neuron_location(map_location):
+    return isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "neuron"
+
+
+def load_onto_neuron() -> None:
+    """`torch.load(map_location="neuron")` restores each storage as an UntypedStorage on the device, which a
+    backend without PyTorch storages cannot hold (the process crashes); load onto the CPU and move the tensors."""
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(f, map_location=None, *args, **kwargs):
+        if not _neuron_location(map_location):
+            return original(f, map_location, *args, **kwargs)
+        loaded = original(f, "cpu", *args, **kwargs)
+        device = torch.device(map_location)
+        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), loaded)
+
+    torch.load = load
+
+
 def apply() -> None:
     foreach_tensor_type()
     tied_parameters_on_conversion()
+    load_onto_neuron()
