@@ -7,7 +7,6 @@ from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
-    foreach,
     indexing,
     linalg,
     nn,
@@ -16,3 +15,4 @@ from . import (  # noqa: F401  (registration side effects)
     reductions,
     shape,
 )
+from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)

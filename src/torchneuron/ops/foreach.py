@@ -5,7 +5,7 @@ per-tensor lowering keeps their numerics identical to the per-tensor path.
 """
 import torch
 
-from .registry import lower
+from .registry import STATIC_SCALAR_OPS, lower
 
 aten = torch.ops.aten
 
@@ -67,7 +67,7 @@ def _register_all():
             op = getattr(getattr(aten, name), overload_name)
             per_tensor = _per_tensor_op(op)
             if per_tensor is not None and len(per_tensor._schema.returns) == 1:
-                lower(op)(_mapped(op, per_tensor))
+                lower(op, static_scalars=per_tensor in STATIC_SCALAR_OPS)(_mapped(op, per_tensor))
 
 
 _register_all()
