@@ -125,6 +125,11 @@ def _on(device, inputs):
     return {k: v.to(device) for k, v in inputs.items()}
 
 
+def test_gpt2_head_stays_tied_to_embeddings():
+    model = _model("gpt2").to("neuron")
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_forward(name):
     model = _model(name).eval()

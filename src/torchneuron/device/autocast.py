@@ -59,39 +59,32 @@ def _widest(args, kwargs):
     return widest
 
 
-def _lower_precision(args, kwargs):
+def _lower_precision(op, args, kwargs):
     return _cast_all(args, kwargs, torch.get_autocast_dtype("neuron"))
 
 
-def _fp32(args, kwargs):
+def _fp32(op, args, kwargs):
     return _cast_all(args, kwargs, torch.float32)
 
 
-def _fp32_set_opt_dtype(op):
+def _fp32_set_opt_dtype(op, args, kwargs):
+    if not _eligible(args[0]):
+        return args, kwargs
     position = [a.name for a in op._schema.arguments].index("dtype")
-
-    def policy(args, kwargs):
-        if not _eligible(args[0]):
-            return args, kwargs
-        if len(args) > position:
-            return (args if args[position] is not None else
-                    args[:position] + (torch.float32,) + args[position + 1:]), kwargs
-        return args, kwargs if kwargs.get("dtype") is not None else dict(kwargs, dtype=torch.float32)
-
-    return policy
+    if len(args) > position:
+        return (args if args[position] is not None else args[:position] + (torch.float32,) + args[position + 1:]), kwargs
+    return args, kwargs if kwargs.get("dtype") is not None else dict(kwargs, dtype=torch.float32)
 
 
-def _promote(args, kwargs):
+def _promote(op, args, kwargs):
     widest = _widest(args, kwargs)
     return (args, kwargs) if widest is None else _cast_all(args, kwargs, widest)
 
 
 def _kernel(op, policy):
-    policy = policy(op) if policy is _fp32_set_opt_dtype else policy
-
     def autocast(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
-            args, kwargs = policy(args, kwargs)
+            args, kwargs = policy(op, args, kwargs)
             return op(*args, **kwargs)
 
     return autocast

@@ -1,6 +1,6 @@
 """Targeted patches for gaps in PyTorch's support of Python PrivateUse1 backends, one function each.
 
-Each names the upstream gap it covers; tests/test_patches.py checks that each is still needed and works.
+Each names the upstream gap it covers; tests/test_patches.py checks each one.
 """
 import functools
 import importlib
