@@ -4,10 +4,8 @@
 package does the same.
 """
 from .device.registration import register
-from . import patches
 
 register()
-patches.apply()
 
 from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401

@@ -9,6 +9,7 @@ tensor on the `neuron` device, which PyTorch decides by exact type in a few
 places. `applied()` reports every patch and a test checks they are in force.
 """
 import functools
+import importlib
 import os
 import warnings
 import weakref
@@ -83,11 +84,51 @@ def pin_memory_without_allocator():
 
 
 @_patch
-def swap_module_params_on_conversion():
-    """nn.Module.to() keeps a parameter object only when `param.data = new` is allowed, which PyTorch
-    refuses between CPU tensors and Python-dispatched device tensors; it then makes a new Parameter per
-    module and tied weights come apart. Swapping tensors keeps every Parameter object, so ties hold."""
-    torch.__future__.set_swap_module_params_on_conversion(True)
+def foreach_tensor_type() -> None:
+    """Optimizers and clip_grad_norm_ take their foreach/fused paths only for tensors whose exact type is in
+    `_foreach_supported_types` (torch.Tensor, Parameter); neuron tensors are a subclass, so they would always
+    take the per-tensor loop, and `foreach=True` would raise."""
+    # by module path: this runs while `import torch` is still initialising torch.optim
+    for name in ("torch.optim.optimizer", "torch.utils._foreach_utils"):
+        allowlist = importlib.import_module(name)._foreach_supported_types
+        if NeuronTensor not in allowlist:
+            allowlist.append(NeuronTensor)
+
+
+def _holds_neuron(module) -> bool:
+    return any(t.device.type == "neuron" for t in module.parameters())
+
+
+def _swapping(method, targets_neuron):
+    @functools.wraps(method)
+    def convert(self, *args, **kwargs):
+        if not (targets_neuron(*args, **kwargs) or _holds_neuron(self)):
+            return method(self, *args, **kwargs)
+        previous = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(previous)
+
+    return convert
+
+
+def _to_neuron(*args, **kwargs) -> bool:
+    device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    return device is not None and device.type == "neuron"
+
+
+@_patch
+def tied_parameters_on_conversion() -> None:
+    """`Module.to` keeps a Parameter object (`param.data = new`) only when the old and new tensors have
+    compatible TensorImpls; between the CPU and a wrapper-subclass device it makes a new Parameter per
+    module instead, which unties shared weights (GPT-2's lm_head and wte). PyTorch's swap_tensors path
+    keeps each object; turn it on for conversions to and from neuron only."""
+    module = torch.nn.Module
+    module.to = _swapping(module.to, _to_neuron)
+    module.cpu = _swapping(module.cpu, lambda *a, **k: False)
+    module.neuron = _swapping(module.neuron, lambda *a, **k: True)
 
 
 @_patch
@@ -180,7 +221,8 @@ def apply() -> None:
         return
     torch_load_map_location_neuron()
     pin_memory_without_allocator()
-    swap_module_params_on_conversion()
+    foreach_tensor_type()
+    tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()
     apply.done = True
 

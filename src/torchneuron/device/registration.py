@@ -72,3 +72,8 @@ def register() -> None:
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
     library.impl("_copy_from", _copy_from, "PrivateUse1")
     _registered.append(library)
+    from .. import patches
+    from . import autocast
+
+    autocast.register()
+    patches.apply()

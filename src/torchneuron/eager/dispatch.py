@@ -144,7 +144,7 @@ class Executable:
         before = [_meta_spec(m) for m in meta_tensors]
         meta_args = fill(targs, meta_tensors, scalars)
         meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
-        meta_out = op.func(*meta_args, **meta_kwargs)
+        meta_out = registry.META.get(op.func, op.func)(*meta_args, **meta_kwargs)
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
         mutated = []

@@ -10,7 +10,9 @@ from . import (  # noqa: F401  (registration side effects)
     indexing,
     linalg,
     nn,
+    optim,
     random,
     reductions,
     shape,
 )
+from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)

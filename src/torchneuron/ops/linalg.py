@@ -1,4 +1,6 @@
 """Matrix products and linear algebra."""
+import functools
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -80,3 +82,35 @@ def cholesky_ex(a, *, upper=False, check_errors=False):
     lower_factor = jnp.linalg.cholesky(a)
     out = jnp.swapaxes(lower_factor, -1, -2).conj() if upper else lower_factor
     return out, jnp.zeros(a.shape[:-2], jnp.int32)
+
+
+def _group_masks(offs, n, dtype):
+    """(groups, n) one-hot of the group each position along the ragged dimension falls in (none past the end)."""
+    group = jnp.searchsorted(offs, jnp.arange(n, dtype=offs.dtype), side="right")
+    return (group[None, :] == jnp.arange(offs.shape[0])[:, None]).astype(dtype)
+
+
+def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+    """PyTorch's meta kernel enforces the CUDA kernel's bf16-only and 16-byte-stride rules; the CPU kernel
+    (Hugging Face's MoE path on any non-CUDA device) takes every float dtype and stride, and so does neuron."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    return _create_grouped_mm_output_tensor(a, b, offs, out_dtype)
+
+
+@lower(aten._grouped_mm, meta=_grouped_mm_meta)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    if bias is not None:
+        from .graph import MissingLowering
+
+        raise MissingLowering(aten._grouped_mm.default)
+    if a.ndim == 3 and b.ndim == 3:
+        return _matmul(a, b)
+    product = functools.partial(jnp.einsum, preferred_element_type=_accumulate(a))
+    if a.ndim == 2 and b.ndim == 3:  # rows of `a` in groups, each times its group's matrix
+        out = product("sk,gkn,gs->sn", a, b, _group_masks(offs, a.shape[0], a.dtype))
+    elif a.ndim == 2:  # the contracted dimension in groups: one product per group (weight gradients)
+        out = product("mk,gk,kn->gmn", a, _group_masks(offs, a.shape[1], a.dtype), b)
+    else:  # columns of `b` in groups, each times its group's matrix of `a`
+        out = product("gmk,kn,gn->mn", a, b, _group_masks(offs, b.shape[1], a.dtype))
+    return out.astype(a.dtype)

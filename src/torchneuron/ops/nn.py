@@ -246,10 +246,11 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
 
 @lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p
 def native_dropout(x, p, train, *, key):
-    if not train or p == 0:
+    if not train:
         return x, jnp.ones(x.shape, jnp.bool_)
+    # p is a traced scalar: p == 0 keeps everything and p == 1 scales by zero without branching
     keep = jax.random.bernoulli(key, 1 - p, x.shape)
-    scale = cast(1.0 / (1 - p), x.dtype) if p < 1 else cast(0.0, x.dtype)
+    scale = jnp.where(p < 1, 1.0 / (1 - p), 0.0).astype(x.dtype)
     return jnp.where(keep, x * scale, jnp.zeros_like(x)), keep
 
 

@@ -84,3 +84,14 @@ def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memor
 @lower(aten.randn_like, random=True)
 def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return jax.random.normal(key, x.shape, jnp.float32)
+
+
+@lower(aten.multinomial, random=True)
+def multinomial(probabilities, num_samples, replacement=False, *, generator=None, key):
+    logits = jnp.log(probabilities.astype(jnp.float32))
+    if replacement:
+        samples = jax.random.categorical(key, logits, shape=(num_samples,) + logits.shape[:-1])
+        return jnp.moveaxis(samples, 0, -1).astype(jnp.int64)
+    # Gumbel top-k draws without replacement in one pass
+    perturbed = logits + jax.random.gumbel(key, logits.shape)
+    return jax.lax.top_k(perturbed, num_samples)[1].astype(jnp.int64)

@@ -150,7 +150,8 @@ def logsumexp(x, dim, keepdim=False):
     return lse(v, axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower(aten.linalg_vector_norm)
+# ord picks the computation, so it must be a Python number
+@lower(aten.linalg_vector_norm, static_scalars=True)
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     v = x.astype(to_jax(dtype)) if dtype is not None else x
     v = jnp.abs(v)
@@ -198,3 +199,37 @@ def _cum_extreme(x, dim, scan):
     positions = lax.broadcasted_iota(jnp.int64, x.shape, axis)
     hits = jnp.where(x == values, positions, -1)
     return values, lax.cummax(hits, axis=axis)
+
+
+@lower(aten.topk)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    moved = jnp.moveaxis(x, dim, -1)
+    # lax.top_k picks the largest; negating picks the smallest with the same (stable) tie order
+    values, indices = lax.top_k(moved if largest else -moved, k)
+    values = values if largest else -values
+    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices.astype(jnp.int64), -1, dim)
+
+
+@lower(aten.sort.default, aten.sort.stable)
+def sort(x, dim=-1, descending=False, *, stable=None):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    # always stable: equal keys keep their order, as PyTorch's CPU kernel does
+    indices = jnp.argsort(x, axis=dim, stable=True, descending=descending)
+    return jnp.take_along_axis(x, indices, axis=dim), indices.astype(jnp.int64)
+
+
+@lower(aten.histc)
+def histc(x, bins=100, min=0, max=0):
+    values = x.astype(jnp.float32 if x.dtype != jnp.float64 else x.dtype)
+    # min == max means the data's own range (and a unit-wide one when that is empty too)
+    low = jnp.where(min == max, jnp.min(values), min)
+    high = jnp.where(min == max, jnp.max(values), max)
+    low, high = jnp.where(low == high, low - 1, low), jnp.where(low == high, high + 1, high)
+    position = jnp.floor((values - low) * bins / (high - low)).astype(jnp.int32)
+    inside = (values >= low) & (values <= high)
+    # the top edge belongs to the last bin
+    index = jnp.where(inside, jnp.clip(position, 0, bins - 1), bins)
+    return jnp.zeros(bins + 1, x.dtype).at[index.reshape(-1)].add(1)[:bins]

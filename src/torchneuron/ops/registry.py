@@ -11,6 +11,8 @@ LOWERINGS: dict = {}
 RANDOM_OPS: set = set()
 STATIC_SCALAR_OPS: set = set()
 DYNAMIC_SHAPE_OPS: set = set()
+# output metadata for ops whose PyTorch meta kernel is stricter than its CPU kernel
+META: dict = {}
 
 
 def _overloads(op):
@@ -19,7 +21,7 @@ def _overloads(op):
     return [op]
 
 
-def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shape: bool = False):
+def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shape: bool = False, meta=None):
     """Register `fn` as the lowering of each op (an overload, or every functional overload of a packet).
 
     Random lowerings take a `key` keyword: a JAX PRNG key drawn from the device generator.
@@ -27,6 +29,7 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
     `static_scalars` asks for Python numbers, for lowerings that shape their output by them.
     `dynamic_shape` lowerings (nonzero, masked_select...) have data-dependent output shapes:
     eager runs them on concrete arrays, outside any compiled program.
+    `meta` replaces PyTorch's meta kernel where that one rejects inputs the CPU kernel accepts.
     """
 
     def register(fn):
@@ -41,6 +44,8 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
                     STATIC_SCALAR_OPS.add(overload)
                 if dynamic_shape:
                     DYNAMIC_SHAPE_OPS.add(overload)
+                if meta is not None:
+                    META[overload] = meta
         return fn
 
     return register

@@ -40,6 +40,14 @@ class NeuronTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
 
+    def __reduce_ex__(self, protocol):
+        # PyTorch pickles a wrapper subclass with a (data-less) storage as an empty wrapper, losing the values;
+        # pickle it as PyTorch pickles XLA tensors: a host copy rebuilt on the device, no class to allowlist
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad),
+        )
+
     def __repr__(self, *, tensor_contents=None):
         # format a host copy (one transfer) and let PyTorch add device, dtype and grad_fn
         if tensor_contents is None:
