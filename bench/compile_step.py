@@ -37,9 +37,7 @@ def make_step(device, compiled, sizes):
     model = make_model(sizes).to(device)
     forward = torch.compile(model, backend=neuron_backend if device == "neuron" else "inductor") if compiled else model
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    # requires_grad: eager neuron aborts in backward when the first layer's input needs no gradient
-    # (masked-off grad_input of layer_norm/convolution backward; a known eager bug), same work everywhere
-    x = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device).requires_grad_()
+    x = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device)
     target = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device)
 
     def step():
