@@ -50,6 +50,13 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return wrap(new_storage_for(size, stride, dtype, index), size, stride, 0, dtype)
 
 
+def _copy_from(src, dst, non_blocking=False):
+    """CPU kernels that copy across devices (`torch.tensor(..., device="neuron")`) call this on `dst`'s key."""
+    from ..eager import special
+
+    return special.copy_(torch.ops.aten.copy_.default, (dst, src), {})
+
+
 def _unsupported_factory(op, *args, **kwargs):
     raise NotImplementedError(
         f"torchneuron: {op} reached the neuron device without a neuron tensor argument and has no "
@@ -70,4 +77,5 @@ def register() -> None:
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty, "PrivateUse1")
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
+    library.impl("_copy_from", _copy_from, "PrivateUse1")
     _registered.append(library)
