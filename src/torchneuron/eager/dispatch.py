@@ -148,6 +148,7 @@ class Executable:
             value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
             mutated.extend(by_identity[id(m)] for m in _flatten(value) if m is not None)
         self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in self.resized])
         self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
         self.mutated = [i for i in mutated if i not in self.resized]
         self.mutated_storages = sorted({pattern[i] for i in self.mutated})
@@ -195,6 +196,15 @@ class Executable:
         for i, buf, spec in zip(self.resized, outputs[len(self.fresh_specs):], self.new_specs):
             views.reset_view(tensors[i], _storage_for(buf, spec, self.device_index), spec)
         return _build_output(self.plan, tensors, fresh)
+
+
+def _check_inplace_shapes(func, changes):
+    """Meta kernels built from PyTorch's refs resize `self` where the CPU kernel of an in-place op refuses."""
+    if registry.is_out(func) or "resize" in func._schema.name:
+        return
+    for old, new in changes:
+        if tuple(old) != tuple(new):
+            raise RuntimeError(f"output with shape {list(old)} doesn't match the broadcast shape {list(new)}")
 
 
 def _position(func, name) -> int:
