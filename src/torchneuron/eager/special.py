@@ -28,7 +28,7 @@ def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
 
 def to_host(tensor: NeuronTensor) -> torch.Tensor:
     """A new contiguous CPU tensor holding a neuron tensor's values."""
-    contiguous = aten.clone.default(tensor) if not _is_whole_storage(tensor) else tensor
+    contiguous = aten.clone.default(tensor, memory_format=torch.contiguous_format) if not _is_whole_storage(tensor) else tensor
     return transfer.device_to_host(contiguous._storage.buffer, tensor.dtype).reshape(tensor.shape)
 
 
@@ -158,7 +158,7 @@ def set_tensor_view(func, args, kwargs):
 
 def _value(tensor: NeuronTensor):
     """The tensor's values as a (contiguous) device array."""
-    contiguous = tensor if _is_whole_storage(tensor) else aten.clone.default(tensor)
+    contiguous = tensor if _is_whole_storage(tensor) else aten.clone.default(tensor, memory_format=torch.contiguous_format)
     return contiguous._storage.buffer.reshape(tensor.shape)
 
 
