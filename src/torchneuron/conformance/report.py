@@ -2,6 +2,8 @@
 import collections
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 import zlib
 
@@ -37,20 +39,44 @@ def parse_dtypes(names):
 
 
 def sweep(ops, checks, dtypes, path, progress=None) -> list:
-    results = []
+    """Check `ops` in child processes, appending results to `path`: an op that kills its process
+    (an abort inside XLA or the autograd engine) is recorded as a crash and the sweep goes on."""
+    remaining = [harness.op_id(op) for op in ops]
+    done_path = f"{path}.done"
+    open(done_path, "w").close()
+    while remaining:
+        command = [sys.executable, "-m", "torchneuron.conformance", "--in-process", "--ops", ",".join(remaining),
+                   "--checks", ",".join(checks), "--dtypes", ",".join(map(harness.dtype_name, dtypes)),
+                   "--results", path]
+        code = subprocess.run(command, stderr=progress, stdout=subprocess.DEVNULL).returncode
+        with open(done_path) as source:
+            done = set(source.read().split())
+        remaining = [op for op in remaining if op not in done]
+        if remaining and code != 0:
+            crashed = remaining.pop(0)
+            _append(path, [harness.Result(crashed, "crash", "-", harness.FAIL, f"process died (exit code {code})")])
+            _append(done_path, crashed)
+    wanted = {harness.op_id(op) for op in ops}
+    return [r for r in load([path]) if r.op in wanted]
+
+
+def run_in_process(ops, checks, dtypes, path, progress) -> None:
+    for number, op in enumerate(ops, 1):
+        start = time.perf_counter()
+        results = harness.check_op(op, checks, dtypes)
+        _append(path, results)
+        _append(f"{path}.done", harness.op_id(op))
+        failed = [r.key for r in results if r.status != harness.PASS]
+        print(f"[{number}/{len(ops)}] {harness.op_id(op)} {time.perf_counter() - start:.1f}s "
+              f"{'failed: ' + ', '.join(failed) if failed else 'ok'}", file=progress, flush=True)
+
+
+def _append(path, lines) -> None:
     with open(path, "a") as sink:
-        for number, op in enumerate(ops, 1):
-            start = time.perf_counter()
-            op_results = harness.check_op(op, checks, dtypes)
-            for result in op_results:
-                sink.write(json.dumps(dataclasses.asdict(result)) + "\n")
-            sink.flush()
-            results += op_results
-            if progress is not None:
-                failed = [r.key for r in op_results if r.status != harness.PASS]
-                print(f"[{number}/{len(ops)}] {harness.op_id(op)} {time.perf_counter() - start:.1f}s "
-                      f"{'failed: ' + ', '.join(failed) if failed else 'ok'}", file=progress, flush=True)
-    return results
+        if isinstance(lines, str):
+            sink.write(lines + "\n")
+        else:
+            sink.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in lines)
 
 
 def load(paths) -> list:
@@ -76,7 +102,7 @@ def summarize(results) -> dict:
         row = rows[_row_name(result)]
         row["total"] += 1
         row[result.status] += 1
-    order = [f"forward {harness.dtype_name(d)}" for d in harness.DTYPES] + list(harness.CHECKS[1:]) + ["timeout"]
+    order = [f"forward {harness.dtype_name(d)}" for d in harness.DTYPES] + list(harness.CHECKS[1:]) + ["timeout", "crash"]
     ops = len({r.op for r in results})
     return {"ops": ops, "rows": {name: dict(rows[name]) for name in order if name in rows}}
 
