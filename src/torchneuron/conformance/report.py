@@ -2,6 +2,7 @@
 import collections
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,9 +40,10 @@ def parse_dtypes(names):
 
 
 def sweep(ops, checks, dtypes, path, progress=None) -> list:
-    """Check `ops` in child processes, appending results to `path`: an op that kills its process
-    (an abort inside XLA or the autograd engine) is recorded as a crash and the sweep goes on."""
+    """Check `ops` in child processes, appending results to `path`: a check that kills its process
+    (an abort inside XLA or the autograd engine) is recorded as a failure and the sweep goes on."""
     remaining = [harness.op_id(op) for op in ops]
+    by_id = {harness.op_id(op): op for op in ops}
     done_path = f"{path}.done"
     open(done_path, "w").close()
     while remaining:
@@ -49,24 +51,38 @@ def sweep(ops, checks, dtypes, path, progress=None) -> list:
                    "--checks", ",".join(checks), "--dtypes", ",".join(map(harness.dtype_name, dtypes)),
                    "--results", path]
         code = subprocess.run(command, stderr=progress, stdout=subprocess.DEVNULL).returncode
-        with open(done_path) as source:
-            done = set(source.read().split())
-        remaining = [op for op in remaining if op not in done]
+        done = _done(done_path)
+        remaining = [op for op in remaining if f"op:{op}" not in done]
         if remaining and code != 0:
-            crashed = remaining.pop(0)
-            _append(path, [harness.Result(crashed, "crash", "-", harness.FAIL, f"process died (exit code {code})")])
-            _append(done_path, crashed)
+            crashed = remaining[0]
+            pending = [harness.key(crashed, c, d) for c, d in harness.planned(by_id[crashed], checks, dtypes)]
+            pending = [k for k in pending if k not in done] or [harness.key(crashed, "crash", None)]
+            op, check = pending[0].split(" ")
+            check, dtype = check.split(":")
+            result = harness.Result(op, check, dtype, harness.FAIL, f"process died (exit code {code})")
+            _append(path, [result])
+            _append(done_path, result.key)
     wanted = {harness.op_id(op) for op in ops}
     return [r for r in load([path]) if r.op in wanted]
 
 
+def _done(path) -> set:
+    with open(path) as source:
+        return {line.strip() for line in source}
+
+
 def run_in_process(ops, checks, dtypes, path, progress) -> None:
+    """Check ops here, skipping checks already done in this sweep (a child restarted after a crash)."""
+    done_path = f"{path}.done"
+    skip = _done(done_path) if os.path.exists(done_path) else set()
     for number, op in enumerate(ops, 1):
         start = time.perf_counter()
-        results = harness.check_op(op, checks, dtypes)
-        _append(path, results)
-        _append(f"{path}.done", harness.op_id(op))
-        failed = [r.key for r in results if r.status != harness.PASS]
+        failed = []
+        for result in harness.iter_checks(op, checks, dtypes, skip):
+            _append(path, [result])
+            _append(done_path, result.key)
+            failed += [result.key] if result.status != harness.PASS else []
+        _append(done_path, f"op:{harness.op_id(op)}")
         print(f"[{number}/{len(ops)}] {harness.op_id(op)} {time.perf_counter() - start:.1f}s "
               f"{'failed: ' + ', '.join(failed) if failed else 'ok'}", file=progress, flush=True)
 
