@@ -239,19 +239,35 @@ def _build_output(plan, tensors, fresh):
 
 def _read(buffer, spec):
     shape, stride, offset, dtype, _ = spec
-    value = layout.read(buffer, shape, stride, offset)
-    wanted = to_jax(dtype)
-    if value.dtype != wanted:
-        value = jax.lax.bitcast_convert_type(value, wanted)
-    return value
+    return layout.read(_reinterpret(buffer, to_jax(dtype)), shape, stride, offset)
 
 
 def _write(buffer, value, spec, storage_dtype):
     shape, stride, offset, dtype, _ = spec
-    value = value.astype(to_jax(dtype))
-    if dtype != storage_dtype:
-        value = jax.lax.bitcast_convert_type(value, to_jax(storage_dtype))
-    return layout.write(buffer, value, shape, stride, offset)
+    wanted = to_jax(dtype)
+    written = layout.write(_reinterpret(buffer, wanted), value.astype(wanted), shape, stride, offset)
+    return _reinterpret(written, to_jax(storage_dtype))
+
+
+def _reinterpret(flat, dtype):
+    """A flat storage buffer's bytes as a flat buffer of `dtype` (views such as view_as_real, .view(dtype))."""
+    if flat.dtype == dtype:
+        return flat
+    if jax.numpy.issubdtype(flat.dtype, jax.numpy.complexfloating):
+        flat = jax.numpy.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        return _reinterpret(flat, dtype)
+    if jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
+        part = jax.numpy.finfo(dtype).dtype
+        pairs = _reinterpret(flat, part).reshape(-1, 2)
+        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
+    if flat.dtype == jax.numpy.bool_ or dtype == jax.numpy.bool_:
+        through = jax.numpy.uint8
+        flat = flat.astype(through) if flat.dtype == jax.numpy.bool_ else _reinterpret(flat, through)
+        return flat if dtype == through else (flat != 0 if dtype == jax.numpy.bool_ else _reinterpret(flat, dtype))
+    ratio = jax.numpy.dtype(dtype).itemsize / jax.numpy.dtype(flat.dtype).itemsize
+    if ratio > 1:
+        flat = flat.reshape(-1, int(ratio))
+    return jax.lax.bitcast_convert_type(flat, dtype).reshape(-1)
 
 
 def _materialize(value, spec):
