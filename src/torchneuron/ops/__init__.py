@@ -7,10 +7,12 @@ from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
+    fft,
     indexing,
     linalg,
     nn,
     random,
     reductions,
     shape,
+    sorting,
 )
