@@ -23,6 +23,8 @@ def _parse(argv):
     parser.add_argument("--results", default="conformance.jsonl", help="where results are appended, one per line")
     parser.add_argument("--in-process", action="store_true",
                         help="run without child processes (a crashing op ends the run); no report")
+    parser.add_argument("--write-expected", metavar="TXT",
+                        help="write the failures as an expected-failures list (tests/conformance/expected_failures.txt)")
     parser.add_argument("--json", default="conformance.json", help="summary JSON to write")
     parser.add_argument("--markdown", default="conformance.md", help="Markdown table to write")
     return parser.parse_args(argv)
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     summary = report.summarize(results)
     print(report.table(summary))
     report.write(summary, results, options.json, options.markdown)
+    if options.write_expected:
+        report.write_expected(results, options.write_expected)
     return 0
 
 

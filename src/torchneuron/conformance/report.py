@@ -159,3 +159,11 @@ def write(summary, results, json_path, markdown_path) -> None:
         json.dump(dict(summary, failures=dict(failures)), sink, indent=1)
     with open(markdown_path, "w") as sink:
         sink.write(markdown(summary))
+
+
+def write_expected(results, path) -> None:
+    """The failures as `<op> <check>:<dtype>  <reason>` lines, the reason being the first line of the error."""
+    lines = [f"{r.key}  {r.status}: {' '.join(r.message.split())[:160]}" for r in results if r.status != harness.PASS]
+    with open(path, "w") as sink:
+        sink.write("# <op> <check>:<dtype>  <one-line reason>; fix an op, then delete its line (the list only shrinks)\n")
+        sink.writelines(line + "\n" for line in sorted(lines))
