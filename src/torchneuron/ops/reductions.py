@@ -150,7 +150,8 @@ def logsumexp(x, dim, keepdim=False):
     return lse(v, axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower(aten.linalg_vector_norm)
+# the order picks the formula: it must be a Python number, not a traced scalar
+@lower(aten.linalg_vector_norm, static_scalars=True)
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     v = x.astype(to_jax(dtype)) if dtype is not None else x
     v = jnp.abs(v)
