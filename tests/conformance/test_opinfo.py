@@ -1,10 +1,12 @@
 """OpInfo conformance: op_db samples on neuron against the CPU, with CPU fallback made an error.
 
 The default run checks a sampled subset (float32 forward and grad); `pytest -m slow` checks every
-op_db entry in every tested dtype with its variants and error inputs. Either way an unlisted
-failure fails, and so does a listed one that now passes: the list in expected_failures.txt only shrinks.
+op_db entry in every tested dtype with its variants and error inputs. The sweep runs in child
+processes (an op that aborts its process fails alone), then each op's results are asserted: an
+unlisted failure fails, and so does a listed one that now passes, so expected_failures.txt only shrinks.
 """
 import pytest
+import torch
 
 from torchneuron.conformance import harness, report
 
@@ -12,10 +14,28 @@ from . import expected
 
 EXPECTED = expected.load()
 ALL_OPS = harness.all_ops()
+SUBSET = [op for op in ALL_OPS if report.in_subset(harness.op_id(op))]
 
 
-def _check(op, checks, dtypes):
-    results = harness.check_op(op, checks, dtypes)
+def _results_by_op(ops, checks, dtypes, directory):
+    results = report.sweep(ops, checks, dtypes, str(directory / "results.jsonl"))
+    by_op = {}
+    for result in results:
+        by_op.setdefault(result.op, []).append(result)
+    return by_op
+
+
+@pytest.fixture(scope="module")
+def subset_results(tmp_path_factory):
+    return _results_by_op(SUBSET, report.SUBSET_CHECKS, report.SUBSET_DTYPES, tmp_path_factory.mktemp("subset"))
+
+
+@pytest.fixture(scope="module")
+def full_results(tmp_path_factory):
+    return _results_by_op(ALL_OPS, harness.CHECKS, harness.DTYPES, tmp_path_factory.mktemp("full"))
+
+
+def _assert_as_listed(op, results):
     failing = {r.key: r.message for r in results if r.status != harness.PASS}
     listed = {r.key for r in results} & EXPECTED.keys()
     unexpected = {k: v for k, v in failing.items() if k not in listed}
@@ -28,21 +48,31 @@ def _check(op, checks, dtypes):
     )
 
 
-@pytest.mark.parametrize("op", [op for op in ALL_OPS if report.in_subset(harness.op_id(op))], ids=harness.op_id)
-def test_sampled_op(op):
-    _check(op, report.SUBSET_CHECKS, report.SUBSET_DTYPES)
+@pytest.mark.parametrize("op", SUBSET, ids=harness.op_id)
+def test_sampled_op(op, subset_results):
+    _assert_as_listed(op, subset_results.get(harness.op_id(op), []))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ALL_OPS, ids=harness.op_id)
-def test_op(op):
-    _check(op, harness.CHECKS, harness.DTYPES)
+def test_op(op, full_results):
+    _assert_as_listed(op, full_results.get(harness.op_id(op), []))
 
 
 def test_expected_failures_name_real_checks():
     planned = {
-        f"{harness.op_id(op)} {check}:{harness.dtype_name(dtype) if dtype else '-'}"
+        harness.key(harness.op_id(op), check, dtype)
         for op in ALL_OPS
-        for check, dtype in harness.planned(op) + [("timeout", None)]
+        for check, dtype in harness.planned(op) + [("timeout", None), ("crash", None)]
     }
     assert not EXPECTED.keys() - planned, f"stale entries: {sorted(EXPECTED.keys() - planned)}"
+
+
+def test_harness_catches_a_wrong_result(monkeypatch):
+    """The harness is not vacuous: neg computing the identity on neuron fails its check."""
+    from torchneuron.eager import dispatch
+
+    op = next(op for op in ALL_OPS if harness.op_id(op) == "neg")
+    monkeypatch.setitem(dispatch._HANDLERS, torch.ops.aten.neg.default, lambda func, args, kwargs: args[0].clone())
+    result = harness.check_op(op, ["forward"], [torch.float32])[0]
+    assert result.status == harness.FAIL and "not close" in result.message

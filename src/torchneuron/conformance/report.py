@@ -3,6 +3,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -162,8 +163,15 @@ def write(summary, results, json_path, markdown_path) -> None:
 
 
 def write_expected(results, path) -> None:
-    """The failures as `<op> <check>:<dtype>  <reason>` lines, the reason being the first line of the error."""
-    lines = [f"{r.key}  {r.status}: {' '.join(r.message.split())[:160]}" for r in results if r.status != harness.PASS]
+    """The failures as `<op> <check>:<dtype>  <reason>` lines, the reason shortened from the error."""
+    lines = [f"{r.key}  {reason(r)}" for r in results if r.status != harness.PASS]
     with open(path, "w") as sink:
         sink.write("# <op> <check>:<dtype>  <one-line reason>; fix an op, then delete its line (the list only shrinks)\n")
         sink.writelines(line + "\n" for line in sorted(lines))
+
+
+def reason(result) -> str:
+    missing = re.search(r"(?:torchneuron: |no lowering for )(\S+?)\.? (?:has no neuron lowering|Please)", result.message)
+    if missing:
+        return f"{'fallback' if result.status == harness.FALLBACK else 'missing lowering'}: {missing.group(1)}"
+    return " ".join(result.message.split())[:140]
