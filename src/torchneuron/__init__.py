@@ -3,7 +3,21 @@
 `import torch` registers it (torch.backends entry point); importing this
 package does the same.
 """
-from .device.registration import register
+_importing = True
+
+
+def _autoload() -> None:
+    """Entry point of the `torch.backends` group: PyTorch calls it at the end of `import torch`."""
+    # `import torchneuron` before torch re-enters here from inside `import torch`: registering then
+    # would see a half-imported torch, and the import below registers once torch is complete
+    if _importing:
+        return
+    register()
+
+
+import torch  # noqa: E402,F401
+
+from .device.registration import register  # noqa: E402
 
 register()
 
@@ -11,9 +25,6 @@ from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
 
+_importing = False
+
 __all__ = ["NeuronTensor", "fallback_report", "register"]
-
-
-def _autoload() -> None:
-    """Entry point of the `torch.backends` group: PyTorch calls it at the end of `import torch`."""
-    register()

@@ -140,7 +140,7 @@ def synchronize(device=None) -> None:
 
 # --- streams and events --------------------------------------------------------
 
-from .streams import Event, Stream, StreamContext  # noqa: E402
+from .streams import Event, Stream, StreamContext  # noqa: E402,F401  (torch.neuron.Event)
 
 
 def current_stream(device=None) -> Stream:

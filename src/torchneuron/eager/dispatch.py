@@ -152,6 +152,7 @@ class Executable:
             value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
             mutated.extend(by_identity[id(m)] for m in _flatten(value) if m is not None)
         self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in self.resized])
         self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
         self.mutated = [i for i in mutated if i not in self.resized]
         for i in self.mutated:
@@ -237,6 +238,15 @@ def _check_no_internal_overlap(spec):
         )
 
 
+def _check_inplace_shapes(func, changes):
+    """Meta kernels built from PyTorch's refs resize `self` where the CPU kernel of an in-place op refuses."""
+    if registry.is_out(func) or "resize" in func._schema.name:
+        return
+    for old, new in changes:
+        if tuple(old) != tuple(new):
+            raise RuntimeError(f"output with shape {list(old)} doesn't match the broadcast shape {list(new)}")
+
+
 def _position(func, name) -> int:
     for i, a in enumerate(func._schema.arguments):
         if a.name == name:
@@ -269,19 +279,35 @@ def _build_output(plan, tensors, fresh):
 
 def _read(buffer, spec):
     shape, stride, offset, dtype, _ = spec
-    value = layout.read(buffer, shape, stride, offset)
-    wanted = to_jax(dtype)
-    if value.dtype != wanted:
-        value = jax.lax.bitcast_convert_type(value, wanted)
-    return value
+    return layout.read(_reinterpret(buffer, to_jax(dtype)), shape, stride, offset)
 
 
 def _write(buffer, value, spec, storage_dtype):
     shape, stride, offset, dtype, _ = spec
-    value = value.astype(to_jax(dtype))
-    if dtype != storage_dtype:
-        value = jax.lax.bitcast_convert_type(value, to_jax(storage_dtype))
-    return layout.write(buffer, value, shape, stride, offset)
+    wanted = to_jax(dtype)
+    written = layout.write(_reinterpret(buffer, wanted), value.astype(wanted), shape, stride, offset)
+    return _reinterpret(written, to_jax(storage_dtype))
+
+
+def _reinterpret(flat, dtype):
+    """A flat storage buffer's bytes as a flat buffer of `dtype` (views such as view_as_real, .view(dtype))."""
+    if flat.dtype == dtype:
+        return flat
+    if jax.numpy.issubdtype(flat.dtype, jax.numpy.complexfloating):
+        flat = jax.numpy.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        return _reinterpret(flat, dtype)
+    if jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
+        part = jax.numpy.finfo(dtype).dtype
+        pairs = _reinterpret(flat, part).reshape(-1, 2)
+        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
+    if flat.dtype == jax.numpy.bool_ or dtype == jax.numpy.bool_:
+        through = jax.numpy.uint8
+        flat = flat.astype(through) if flat.dtype == jax.numpy.bool_ else _reinterpret(flat, through)
+        return flat if dtype == through else (flat != 0 if dtype == jax.numpy.bool_ else _reinterpret(flat, dtype))
+    ratio = jax.numpy.dtype(dtype).itemsize / jax.numpy.dtype(flat.dtype).itemsize
+    if ratio > 1:
+        flat = flat.reshape(-1, int(ratio))
+    return jax.lax.bitcast_convert_type(flat, dtype).reshape(-1)
 
 
 def _materialize(value, spec):

@@ -3,6 +3,7 @@
 `TORCHNEURON_FALLBACK=error` turns every fallback into NotImplementedError.
 """
 import collections
+import contextlib
 import os
 import warnings
 
@@ -19,6 +20,20 @@ _warned = set()
 
 def strict() -> bool:
     return os.environ.get("TORCHNEURON_FALLBACK", "").lower() == "error"
+
+
+@contextlib.contextmanager
+def as_error():
+    """Within the block, falling back is an error (as TORCHNEURON_FALLBACK=error makes it everywhere)."""
+    previous = os.environ.get("TORCHNEURON_FALLBACK")
+    os.environ["TORCHNEURON_FALLBACK"] = "error"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TORCHNEURON_FALLBACK"]
+        else:
+            os.environ["TORCHNEURON_FALLBACK"] = previous
 
 
 class FallbackError(NotImplementedError):

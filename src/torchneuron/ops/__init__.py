@@ -7,6 +7,7 @@ from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
+    fft,
     indexing,
     linalg,
     nn,
@@ -14,5 +15,6 @@ from . import (  # noqa: F401  (registration side effects)
     random,
     reductions,
     shape,
+    sorting,
 )
 from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)

@@ -31,6 +31,16 @@ def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory
     return jnp.full(x.shape, cast(fill_value, dt))
 
 
+@lower(aten.empty.memory_format)
+def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(tuple(size), to_jax(dtype or torch.get_default_dtype()))
+
+
+@lower(aten.empty_strided)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return empty(size, dtype=dtype)
+
+
 @lower(aten.new_empty, aten.new_zeros)
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), _dtype(x, dtype))

@@ -61,7 +61,7 @@ def _mapped(foreach_op, per_tensor_op):
 
 
 def _register_all():
-    names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    names = {n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
     for name in sorted(n for n in names if n.startswith("_foreach_") and not n.endswith("_")):
         for overload_name in getattr(aten, name).overloads():
             op = getattr(getattr(aten, name), overload_name)

@@ -55,6 +55,10 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
             if not isinstance(target, torch._ops.OpOverload):
                 env[node] = target(*args, **kwargs)  # Python-level helpers traced into the graph
                 continue
+            if not isinstance(target, torch._ops.OpOverload):
+                # Python glue that decompositions record, such as building torch.return_types tuples
+                env[node] = target(*args, **kwargs)
+                continue
             mutated = registry.mutated_arguments(target) if registry.is_mutating(target) else []
             fn = lowering_for(registry.functional_variant(target) if mutated else target)
             if fn is None:

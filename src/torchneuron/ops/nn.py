@@ -31,18 +31,21 @@ def log_softmax(x, dim, half_to_float=False):
     return out if half_to_float else out.astype(x.dtype)
 
 
+def _axis(x, dim):
+    """The reduction axis, or None (the whole 0-d value) for a 0-d tensor."""
+    return _dim(x, dim) if x.ndim else None
+
+
 @lower(aten._softmax_backward_data)
 def softmax_backward(grad, y, dim, input_dtype):
     g, v = _opmath(grad), _opmath(y)
-    axis = _dim(y, dim)
-    return (v * (g - jnp.sum(g * v, axis=axis, keepdims=True))).astype(grad.dtype)
+    return (v * (g - jnp.sum(g * v, axis=_axis(y, dim), keepdims=True))).astype(grad.dtype)
 
 
 @lower(aten._log_softmax_backward_data)
 def log_softmax_backward(grad, y, dim, input_dtype):
     g, v = _opmath(grad), _opmath(y)
-    axis = _dim(y, dim)
-    return (g - jnp.exp(v) * jnp.sum(g, axis=axis, keepdims=True)).astype(grad.dtype)
+    return (g - jnp.exp(v) * jnp.sum(g, axis=_axis(y, dim), keepdims=True)).astype(grad.dtype)
 
 
 def _nll_pick(x, target, weight, ignore_index):

@@ -201,26 +201,6 @@ def _cum_extreme(x, dim, scan):
     return values, lax.cummax(hits, axis=axis)
 
 
-@lower(aten.topk)
-def topk(x, k, dim=-1, largest=True, sorted=True):
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    moved = jnp.moveaxis(x, dim, -1)
-    # lax.top_k picks the largest; negating picks the smallest with the same (stable) tie order
-    values, indices = lax.top_k(moved if largest else -moved, k)
-    values = values if largest else -values
-    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices.astype(jnp.int64), -1, dim)
-
-
-@lower(aten.sort.default, aten.sort.stable)
-def sort(x, dim=-1, descending=False, *, stable=None):
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    # always stable: equal keys keep their order, as PyTorch's CPU kernel does
-    indices = jnp.argsort(x, axis=dim, stable=True, descending=descending)
-    return jnp.take_along_axis(x, indices, axis=dim), indices.astype(jnp.int64)
-
-
 @lower(aten.histc)
 def histc(x, bins=100, min=0, max=0):
     values = x.astype(jnp.float32 if x.dtype != jnp.float64 else x.dtype)

@@ -57,14 +57,6 @@ class NeuronTensor(torch.Tensor):
         # PyTorch names subclasses in the prefix; users of a device expect plain `tensor(`
         return "tensor(" + text[len(type(self).__name__) + 1 :]
 
-    def __reduce_ex__(self, protocol):
-        # Pickle (torch.save) as PyTorch pickles storage-less device tensors: through a CPU copy, so
-        # checkpoints load without torchneuron's classes and torch.load's map_location applies.
-        return (
-            torch._utils._rebuild_device_tensor_from_cpu_tensor,
-            (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad),
-        )
-
     def tolist(self):
         # PyTorch refuses tolist() on subclasses; the values are plain device data
         return self.detach().cpu().tolist()

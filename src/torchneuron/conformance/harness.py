@@ -1,0 +1,392 @@
+"""Run PyTorch's OpInfo samples on neuron and on the CPU and compare.
+
+One `Result` per (op, check, dtype): `forward` for every tested dtype the op
+supports on the CPU, `grad` (float32 backward), `inplace` and `out` (the
+variants the OpInfo declares) and `errors` (its error inputs). CPU fallback
+is made an error while each check runs, so a result measures our lowerings.
+"""
+import dataclasses
+import math
+import os
+import signal
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+import torchneuron  # noqa: F401
+from torchneuron.eager import fallback
+
+DTYPES = (
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.complex64,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+)
+CHECKS = ("forward", "grad", "inplace", "out", "errors")
+PASS, FAIL, FALLBACK = "pass", "fail", "fallback"
+
+# their values are uninitialised memory: only shapes and dtypes can be compared
+UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+SECONDS_PER_OP = 300
+
+
+@dataclasses.dataclass
+class Result:
+    op: str
+    check: str
+    dtype: str
+    status: str
+    message: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.op} {self.check}:{self.dtype}"
+
+    @property
+    def dtype_object(self):
+        return None if self.dtype == "-" else getattr(torch, self.dtype)
+
+
+def op_id(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def all_ops() -> list:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return sorted(op_db, key=op_id)
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tested_dtypes(op) -> list:
+    supported = op.supported_dtypes("cpu")
+    return [d for d in DTYPES if d in supported]
+
+
+def grad_dtype(op):
+    if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"):
+        return torch.float32
+    return None
+
+
+def max_samples(check, dtype):
+    """Samples per check: float32 forward and grad are the headline numbers and get more;
+    other dtypes and variants a few each, which keeps the full sweep to about an hour."""
+    return 12 if check in ("forward", "grad") and dtype == torch.float32 else 4
+
+
+def planned(op, checks=CHECKS, dtypes=DTYPES) -> list:
+    """The (check, dtype) pairs that apply to an op: its CPU dtypes among `dtypes`, float32 grad,
+    the variants it declares (in float32) and its error inputs."""
+    supported = [d for d in tested_dtypes(op) if d in dtypes]
+    float32 = torch.float32 in supported
+    plan = [("forward", d) for d in supported]
+    plan += [("grad", torch.float32)] if grad_dtype(op) is not None and float32 else []
+    plan += [("inplace", torch.float32)] if op.inplace_variant is not None and float32 else []
+    plan += [("out", torch.float32)] if op.supports_out and float32 else []
+    plan += [("errors", None)] if op.error_inputs_func is not None else []
+    return [(check, dtype) for check, dtype in plan if check in checks]
+
+
+_CHECK_FUNCTIONS = {}
+
+
+def check_op(op, checks=CHECKS, dtypes=DTYPES, skip=()) -> list:
+    return list(iter_checks(op, checks, dtypes, skip))
+
+
+def iter_checks(op, checks=CHECKS, dtypes=DTYPES, skip=()):
+    """Every applicable check of one OpInfo (but the keys in `skip`), each stopping at its first failing sample."""
+    with _time_limit(SECONDS_PER_OP):
+        try:
+            for check, dtype in planned(op, checks, dtypes):
+                if key(op_id(op), check, dtype) not in skip:
+                    yield _run(op, check, dtype, _CHECK_FUNCTIONS[check], max_samples(check, dtype))
+        except _Timeout:
+            yield Result(op_id(op), "timeout", "-", FAIL, f"over {SECONDS_PER_OP}s")
+
+
+def key(op: str, check: str, dtype) -> str:
+    return f"{op} {check}:{dtype_name(dtype) if dtype is not None else '-'}"
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _time_limit:
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGALRM, self._expire)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.previous)
+
+    @staticmethod
+    def _expire(signum, frame):
+        raise _Timeout()
+
+
+def _run(op, check, dtype, fn, limit) -> Result:
+    name = dtype_name(dtype) if dtype is not None else "-"
+    try:
+        with fallback.as_error():
+            fn(op, dtype, limit)
+    except _Timeout:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure is a result
+        return Result(op_id(op), check, name, _status(error), _describe(error))
+    return Result(op_id(op), check, name, PASS)
+
+
+def _status(error) -> str:
+    from ..eager.fallback import FallbackError
+
+    while error is not None:
+        if isinstance(error, FallbackError) or "CPU fallback is disabled" in str(error):
+            return FALLBACK
+        error = error.__cause__ or error.__context__
+    return FAIL
+
+
+def _describe(error) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    # assert_close's first line says only that values differ; the largest difference follows
+    first = " ".join(lines[:1] + [line for line in lines if line.startswith("Greatest absolute")])
+    frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    where = f" [{os.path.basename(frame.filename)}:{frame.lineno}]" if frame else ""
+    return f"{type(error).__name__}: {first[:300]}{where}"
+
+
+# --- samples ---------------------------------------------------------------------
+
+
+def _samples(op, dtype, requires_grad, limit):
+    torch.manual_seed(0)
+    samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+    for count, sample in enumerate(samples):
+        if limit is not None and count >= limit:
+            return
+        yield sample
+
+
+def _to_neuron(value):
+    if isinstance(value, torch.Tensor):
+        moved = _same_layout_on_neuron(value.detach())
+        return moved.requires_grad_(value.requires_grad) if moved.is_floating_point() or moved.is_complex() else moved
+    if isinstance(value, torch.device) or value == "cpu":
+        return torch.device("neuron")
+    return value
+
+
+def _same_layout_on_neuron(value):
+    """A neuron copy with the same sizes, strides and offset over a copy of the whole storage,
+    so that ops reading the layout (as_strided, views of views) see what the CPU sees."""
+    if value.layout != torch.strided or value.is_conj() or value.is_neg():
+        return value.resolve_conj().resolve_neg().to("neuron")
+    storage = torch.empty(0, dtype=value.dtype).set_(value.untyped_storage())
+    return storage.to("neuron").as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _on_neuron(sample):
+    convert = lambda v: tree_map(_to_neuron, v)  # noqa: E731
+    kwargs = {k: (_to_neuron(v) if k == "device" else convert(v)) for k, v in sample.kwargs.items()}
+    return convert(sample.input), convert(sample.args), kwargs
+
+
+def _cloned(sample):
+    clone = lambda v: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return tree_map(clone, sample.input), tree_map(clone, sample.args), dict(tree_map(clone, sample.kwargs))
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor) and value.device.type == "neuron":
+        return value.detach().cpu()
+    return value
+
+
+def _call(fn, inputs):
+    x, args, kwargs = inputs
+    return fn(x, *args, **kwargs)
+
+
+class _SeesRandomness(TorchDispatchMode):
+    """Notes whether any ATen op that ran draws random numbers."""
+
+    random = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random = True
+        return func(*args, **(kwargs or {}))
+
+
+def _reference(fn, sample):
+    """The CPU result, and whether it is random."""
+    with _SeesRandomness() as mode:
+        expected = _call(fn, _cloned(sample))
+    return expected, mode.random
+
+
+def _compare(actual, expected, random=False, uninitialised=False):
+    actual = tree_map(_to_cpu, actual)
+    if random or uninitialised:
+        _compare_metadata(actual, expected)
+        if random:
+            _compare_statistics(actual, expected)
+        return
+    assert_close(actual, expected)
+
+
+def assert_close(actual, expected):
+    """assert_close with tolerances no tighter than PyTorch's own device-vs-CPU comparison
+    (test_ops.py test_compare_cpu: 1e-3), and its usual bfloat16 atol for accumulating ops."""
+    flat = [t for t in tree_flatten(expected)[0] if isinstance(t, torch.Tensor)]
+    atol = max((_ATOL.get(t.dtype, 0) for t in flat), default=0)
+    rtol = max((_RTOL.get(t.dtype, 0) for t in flat), default=0)
+    torch.testing.assert_close(actual, expected, equal_nan=True, atol=atol, rtol=rtol)
+
+
+_ATOL = {torch.float32: 1e-3, torch.float64: 1e-3, torch.complex64: 1e-3, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+_RTOL = {torch.float32: 1e-3, torch.float64: 1e-3, torch.complex64: 1e-3, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+
+
+def _compare_metadata(actual, expected):
+    flat_a, spec_a = tree_flatten(actual)
+    flat_e, spec_e = tree_flatten(expected)
+    assert spec_a == spec_e, f"output structure {spec_a} != {spec_e}"
+    for a, e in zip(flat_a, flat_e):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor) and a.shape == e.shape and a.dtype == e.dtype, (
+                f"got {_meta(a)}, expected {_meta(e)}"
+            )
+
+
+def _meta(t):
+    return (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _compare_statistics(actual, expected):
+    """Random outputs: the same support and a mean within a few standard errors of the CPU's."""
+    for a, e in zip(tree_flatten(actual)[0], tree_flatten(expected)[0]):
+        if not isinstance(e, torch.Tensor) or e.numel() < 16 or e.is_complex():
+            continue
+        a, e = a.double(), e.double()
+        finite = torch.isfinite(e)
+        assert torch.equal(torch.isfinite(a), finite) or finite.all() == torch.isfinite(a).all(), "non-finite values differ"
+        a, e = a[torch.isfinite(a)], e[finite]
+        if e.numel() < 16:
+            continue
+        spread = float(e.std()) + 1e-6
+        bound = 6 * spread / math.sqrt(e.numel()) * math.sqrt(2)
+        assert abs(float(a.mean()) - float(e.mean())) <= bound + 1e-6, (
+            f"mean {float(a.mean()):.4g} vs CPU {float(e.mean()):.4g} (bound {bound:.3g})"
+        )
+        assert float(a.min()) >= float(e.min()) - 3 * spread and float(a.max()) <= float(e.max()) + 3 * spread, (
+            "values outside the CPU's range"
+        )
+
+
+# --- checks ----------------------------------------------------------------------
+
+
+def _forward(op, dtype, limit):
+    uninitialised = op.name in UNINITIALISED
+    for sample in _samples(op, dtype, False, limit):
+        try:
+            expected, random = _reference(op, sample)
+        except Exception as error:  # noqa: BLE001 - the CPU rejects it: neuron must reject it alike
+            _expect_error(error, lambda: _call(op, _on_neuron(sample)))
+            continue
+        _compare(_call(op, _on_neuron(sample)), expected, random, uninitialised)
+
+
+def _expect_error(cpu_error, on_neuron):
+    try:
+        on_neuron()
+    except Exception as error:  # noqa: BLE001
+        if isinstance(error, type(cpu_error)) and _status(error) != FALLBACK:
+            return
+        raise
+    raise AssertionError(f"CPU raised {type(cpu_error).__name__} ({cpu_error}) but neuron did not")
+
+
+def _grad(op, dtype, limit):
+    for sample in _samples(op, dtype, True, limit):
+        cpu_inputs = _cloned(sample)
+        cpu_grads = _gradients(op, sample, cpu_inputs)
+        if cpu_grads is None:
+            continue
+        neuron_grads = _gradients(op, sample, _on_neuron(sample))
+        assert_close(tree_map(_to_cpu, neuron_grads), cpu_grads)
+
+
+def _gradients(op, sample, inputs):
+    """d(sum of outputs * fixed weights)/d(inputs), or None when nothing differentiable comes out."""
+    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    outputs = sample.output_process_fn_grad(_call(op, inputs))
+    outputs = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not leaves or not outputs:
+        return None
+    generator = torch.Generator().manual_seed(3)
+    weights = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in outputs]
+    return torch.autograd.grad(outputs, leaves, weights, allow_unused=True)
+
+
+def _inplace(op, dtype, limit):
+    variant = op.inplace_variant
+    for sample in _samples(op, dtype, False, limit):
+        cpu, neuron = _cloned(sample), _on_neuron(sample)
+        try:
+            _call(variant, cpu)
+        except Exception as error:  # noqa: BLE001 - e.g. a result type the input cannot hold
+            _expect_error(error, lambda: _call(variant, neuron))
+            continue
+        _call(variant, neuron)
+        _compare(neuron[0], cpu[0])
+
+
+def _out(op, dtype, limit):
+    for sample in _samples(op, dtype, False, limit):
+        try:
+            expected, random = _reference(op, sample)
+        except Exception:  # noqa: BLE001 - the forward check covers samples the CPU rejects
+            continue
+        if not all(isinstance(t, torch.Tensor) for t in tree_flatten(expected)[0]):
+            continue
+        cpu_out = tree_map(torch.empty_like, expected)
+        neuron_out = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="neuron"), expected)
+        x, args, kwargs = _cloned(sample)
+        op(x, *args, **kwargs, out=cpu_out)
+        x, args, kwargs = _on_neuron(sample)
+        result = op(x, *args, **kwargs, out=neuron_out)
+        assert all(a is b for a, b in zip(tree_flatten(result)[0], tree_flatten(neuron_out)[0])), (
+            "out= did not return its out tensors"
+        )
+        _compare(neuron_out, cpu_out, random, op.name in UNINITIALISED)
+
+
+def _errors(op, dtype, limit):
+    """Each error input that the CPU rejects must be rejected on neuron with the same type of exception."""
+    for error_input in op.error_inputs("cpu"):
+        sample = error_input.sample_input
+        try:
+            _call(op, _cloned(sample))
+        except Exception as error:  # noqa: BLE001
+            _expect_error(error, lambda: _call(op, _on_neuron(sample)))
+
+
+_CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors)
