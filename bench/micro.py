@@ -55,8 +55,8 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
         row = {"benchmark": name, "unit": "us/op"}
         row[device] = measure(ours[name], device, inner=inner, repeats=repeats)["median"] * 1e6
         row[f"torch {baseline}"] = measure(reference[name], baseline, inner=inner, repeats=repeats)["median"] * 1e6
-        row["bare jax.jit"] = measure(lambda f=bare[name]: f().block_until_ready(), "cpu", inner=inner,
-                                      repeats=repeats)["median"] * 1e6
+        row["bare jax.jit"] = measure(bare[name], "cpu", inner=inner, repeats=repeats,
+                                      wait=lambda result: result.block_until_ready())["median"] * 1e6
         rows.append(row)
     for size in (64, 64 * 2**20):
         transfers_inner = max(1, inner // 100) if size > 2**20 else inner // 4

@@ -38,7 +38,7 @@ def _loss(model, inputs, targets):
 def _compile(model, mode):
     if mode == "eager":
         return model
-    return torch.compile(model, backend="neuron" if mode == "neuron-compiled" else "inductor")
+    return torch.compile(model, backend="neuron" if mode == "compiled" else "inductor")
 
 
 def _step_fns(factory, device, mode):
@@ -68,7 +68,7 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
     for name, factory in factories.items():
         for phase in ("train", "infer"):
             row = {"benchmark": f"{name} {phase} step", "unit": "items/s"}
-            configs = [(device, "eager"), (device, "neuron-compiled"), (baseline, "eager"), (baseline, "inductor")]
+            configs = [(device, "eager"), (device, "compiled"), (baseline, "eager"), (baseline, "inductor")]
             for target, mode in configs:
                 label = f"{target} {mode}"
                 if smoke and mode != "eager":

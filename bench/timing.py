@@ -13,16 +13,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2) -> dict:
-    """Per-call seconds of `fn` (called `inner` times per repeat, synchronised at the end of each repeat)."""
+def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2, wait=None) -> dict:
+    """Per-call seconds of `fn` (called `inner` times per repeat, synchronised at the end of each repeat).
+
+    `wait(last_result)` replaces the device synchronisation (for bare JAX calls)."""
+    finish = wait or (lambda _: sync(device))
     for _ in range(warmup):
-        fn()
-    sync(device)
+        result = fn()
+    finish(result)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(inner):
-            fn()
-        sync(device)
+            result = fn()
+        finish(result)
         samples.append((time.perf_counter() - start) / inner)
     return {"min": min(samples), "median": statistics.median(samples), "repeats": repeats, "inner": inner}

@@ -116,25 +116,20 @@ def get_device_properties(device=None):
 # --- synchronisation -----------------------------------------------------------
 
 
-def _live_buffers(index: int):
-    import jax
-
-    device = _jax_device(index)
-    return [a for a in jax.live_arrays() if device in a.devices()]
-
-
 def _all_ready(index: int) -> bool:
-    return all(b.is_ready() for b in _live_buffers(index))
+    from ..runtime import sync
+
+    return sync.ready(index, _jax_device(index))
 
 
 def synchronize(device=None) -> None:
     """Wait until every operation queued on the device has finished, and report failed device checks."""
-    import jax
-
     from ..runtime import pending_checks
 
+    from ..runtime import sync
+
     index = _index(device)
-    jax.block_until_ready(_live_buffers(index))
+    sync.wait(index, _jax_device(index))
     pending_checks.raise_failures(index)
 
 

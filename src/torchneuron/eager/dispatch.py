@@ -17,7 +17,7 @@ from ..device import rng
 from ..ops import checks, registry
 from ..ops.graph import lowering_for
 from ..runtime import layout
-from ..runtime import pending_checks
+from ..runtime import pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
 from ..runtime.storage import Storage
@@ -215,6 +215,8 @@ class Executable:
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
+        if results:
+            sync.launched(self.device_index, results[-1])
         n_mutated = len(self.mutated_storages)
         new_buffers, outputs = results[:n_mutated], results[n_mutated:]
         if self.check_errors:

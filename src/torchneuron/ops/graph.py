@@ -52,12 +52,12 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
                 # getitem and the arithmetic of symbolic sizes: plain Python on static values
                 env[node] = target(*args, **kwargs)
                 continue
-            if not isinstance(target, torch._ops.OpOverload):
-                env[node] = target(*args, **kwargs)  # Python-level helpers traced into the graph
+            if isinstance(target, type) and issubclass(target, tuple):
+                # torch.return_types tuples that decompositions build: a plain tuple serves indexing
+                env[node] = tuple(args[0]) if len(args) == 1 else tuple(args)
                 continue
             if not isinstance(target, torch._ops.OpOverload):
-                # Python glue that decompositions record, such as building torch.return_types tuples
-                env[node] = target(*args, **kwargs)
+                env[node] = target(*args, **kwargs)  # Python glue traced into the graph (size arithmetic)
                 continue
             mutated = registry.mutated_arguments(target) if registry.is_mutating(target) else []
             fn = lowering_for(registry.functional_variant(target) if mutated else target)
@@ -68,7 +68,8 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
             out = fn(*args, **kwargs)
             meta = node.meta.get("val")
             if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):
-                out = type(out)(_cast_like(o, m) for o, m in zip(out, meta))
+                cast = [_cast_like(o, m) for o, m in zip(out, meta)]
+                out = cast if isinstance(out, list) else tuple(cast)  # return_types become plain tuples
             else:
                 out = _cast_like(out, meta)
             env[node] = out

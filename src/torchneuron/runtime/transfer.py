@@ -3,6 +3,7 @@ import jax
 import numpy as np
 import torch
 
+from . import sync
 from .dtypes import numpy_to_tensor, tensor_to_numpy
 from .platform import jax_device
 
@@ -10,7 +11,9 @@ from .platform import jax_device
 def host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     """A CPU tensor's values (in row-major order) as a flat device buffer."""
     array = tensor_to_numpy(tensor.contiguous())
-    return jax.device_put(array.reshape(-1), jax_device(device_index))
+    buffer = jax.device_put(array.reshape(-1), jax_device(device_index))
+    sync.launched(device_index, buffer)
+    return buffer
 
 
 def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
@@ -19,4 +22,6 @@ def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
 
 
 def device_to_device(array: jax.Array, device_index: int) -> jax.Array:
-    return jax.device_put(array, jax_device(device_index))
+    moved = jax.device_put(array, jax_device(device_index))
+    sync.launched(device_index, moved)
+    return moved
