@@ -110,3 +110,13 @@ def test_mixing_devices_raises_like_cuda():
     with pytest.raises(RuntimeError, match="same device"):
         y + torch.randn(3)
     assert_same(y + torch.tensor(1.5), y.cpu() + 1.5)  # 0-dim CPU tensors are allowed
+
+
+@pytest.mark.parametrize("numel", [8, 4 * 2**20])
+def test_device_copy_does_not_alias_host_memory(numel):
+    x = torch.zeros(numel)
+    y = x.to("neuron")
+    z = torch.zeros(numel, device="neuron")
+    z.copy_(x)
+    x.add_(1)  # a later CPU write must not show through
+    assert y.sum().item() == 0 and z.sum().item() == 0

@@ -17,6 +17,7 @@ from ..eager import special
 from ..eager.dispatch import _read, _write
 from ..ops import registry
 from ..ops.graph import run_graph_with_inputs
+from ..runtime import sync
 from ..runtime.dtypes import to_torch
 from ..runtime.layout import contiguous_strides
 from ..runtime.storage import Storage
@@ -166,6 +167,8 @@ class _Program:
         mutable = [storages[p].buffer for p in self.mutated_storages]
         readonly = [storages[p].buffer for p in self.read_storages]
         new_buffers, arrays = self.compiled(mutable, readonly, rng.next_key(self.device_index) if self.random else None)
+        for launched in (arrays or new_buffers)[-1:]:
+            sync.launched(self.device_index, launched)
         for p, buffer in zip(self.mutated_storages, new_buffers):
             storages[p].buffer = buffer
         outputs = [None if source is None else args[source] for source in self.sources]

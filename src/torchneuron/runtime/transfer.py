@@ -11,7 +11,11 @@ from .platform import jax_device
 def host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     """A CPU tensor's values (in row-major order) as a flat device buffer."""
     array = tensor_to_numpy(tensor.contiguous())
-    buffer = jax.device_put(array.reshape(-1), jax_device(device_index))
+    device = jax_device(device_index)
+    if device.platform == "cpu":
+        # XLA:CPU adopts host memory without copying (even with may_alias=False): give it a private copy
+        array = np.array(array, copy=True)
+    buffer = jax.device_put(array.reshape(-1), device)
     sync.launched(device_index, buffer)
     return buffer
 
