@@ -57,7 +57,6 @@ _register_all(
         (aten.atan2, jnp.arctan2),
         (aten.div.Tensor, jnp.true_divide),
         (aten.div.Scalar, jnp.true_divide),
-        (aten.logit, lambda x: jnp.log(x / (1 - x))),
         (aten.sinc, jnp.sinc),
         (aten.deg2rad, jnp.deg2rad),
         (aten.rad2deg, jnp.rad2deg),
@@ -150,6 +149,28 @@ def div_mode(x, y, *, rounding_mode=None):
     else:
         out = jnp.floor_divide(x, y) if _is_integral(x) else jnp.floor(x / y)
     return out.astype(result)
+
+
+@lower(aten.logit)
+def logit(x, eps=None):
+    (x,), result = promote(x, kind=INT_TO_FLOAT)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x)).astype(result)
+
+
+@lower(aten.round.decimals)
+def round_decimals(x, *, decimals):
+    if decimals >= 0:
+        scale = 10.0**decimals
+        return _round_half_even(x * scale) / scale
+    scale = 10.0 ** (-decimals)
+    return _round_half_even(x / scale) * scale
+
+
+@lower(aten._conj_physical)
+def conj_physical(x):
+    return jnp.conj(x)
 
 
 @lower(aten.floor_divide)

@@ -181,6 +181,11 @@ lower(aten.cumsum)(_scan(jnp.cumsum))
 lower(aten.cumprod)(_scan(jnp.cumprod))
 
 
+@lower(aten.logcumsumexp)
+def logcumsumexp(x, dim):
+    return x if x.ndim == 0 else lax.cumlogsumexp(x, axis=dim % x.ndim)
+
+
 @lower(aten.cummax)
 def cummax(x, dim):
     return _cum_extreme(x, dim, lax.cummax)
