@@ -1,5 +1,4 @@
 """Training machinery on neuron against the CPU: optimizers, schedulers, clipping, AMP, checkpoints, data."""
-import copy
 import io
 
 import pytest

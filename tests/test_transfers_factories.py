@@ -1,5 +1,4 @@
 """Transfers between host and device, factories, serialization."""
-import io
 
 import pytest
 import torch

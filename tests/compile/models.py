@@ -1,5 +1,4 @@
 """Small models shared by the compile tests and bench/compile_step.py."""
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

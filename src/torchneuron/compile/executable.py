@@ -14,10 +14,9 @@ from torch.utils import _pytree as pytree
 
 from ..device import rng
 from ..eager import special
-from ..eager.dispatch import _read, _write
 from ..ops import registry
 from ..ops.graph import run_graph_with_inputs
-from ..runtime import sync
+from ..runtime import layout, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.layout import contiguous_strides
 from ..runtime.storage import Storage
@@ -137,13 +136,13 @@ class _Program:
             buffers.update(zip(read_storages, read_buffers))
             inputs = list(statics)
             for k, i in enumerate(positions):
-                inputs[i] = _read(buffers[pattern[k]], specs[k])
+                inputs[i] = layout.read_view(buffers[pattern[k]], specs[k])
             key = rng.key_from(raw_key) if raw_key is not None else None
             outputs, finals = run_graph_with_inputs(gm, inputs, key)
             for k, i in enumerate(positions):
                 if i in mutated:
                     p = pattern[k]
-                    buffers[p] = _write(buffers[p], finals[i], specs[k], storage_dtypes[p])
+                    buffers[p] = layout.write_view(buffers[p], finals[i], specs[k], storage_dtypes[p])
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs), sources)):
                 if source is not None:

@@ -180,7 +180,7 @@ class Executable:
             buffers.update(zip(read_storages, flat[n_mutable : n_mutable + n_read]))
             dynamic_scalars = flat[n_mutable + n_read : n_mutable + n_read + n_scalars]
             key = flat[-1] if self.random else None
-            values = [_read(buffers[p], spec) for spec, p in zip(specs, pattern)]
+            values = [layout.read_view(buffers[p], spec) for spec, p in zip(specs, pattern)]
             call_args = fill(targs, values, dynamic_scalars)
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
@@ -192,7 +192,7 @@ class Executable:
             written = dict(zip(mutated, results[n_fresh:]))
             for i in mutated_list:
                 p = pattern[i]
-                buffers[p] = _write(buffers[p], written[i], specs[i], storage_dtypes[p])
+                buffers[p] = layout.write_view(buffers[p], written[i], specs[i], storage_dtypes[p])
             outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
             return tuple(buffers[p] for p in mutated_storages) + tuple(outputs) + tuple(c for c, _, _ in conditions)
 
@@ -277,39 +277,6 @@ def _build_output(plan, tensors, fresh):
     if kind == "const":
         return value
     return kind(_build_output(p, tensors, fresh) for p in value)
-
-
-def _read(buffer, spec):
-    shape, stride, offset, dtype, _ = spec
-    return layout.read(_reinterpret(buffer, to_jax(dtype)), shape, stride, offset)
-
-
-def _write(buffer, value, spec, storage_dtype):
-    shape, stride, offset, dtype, _ = spec
-    wanted = to_jax(dtype)
-    written = layout.write(_reinterpret(buffer, wanted), value.astype(wanted), shape, stride, offset)
-    return _reinterpret(written, to_jax(storage_dtype))
-
-
-def _reinterpret(flat, dtype):
-    """A flat storage buffer's bytes as a flat buffer of `dtype` (views such as view_as_real, .view(dtype))."""
-    if flat.dtype == dtype:
-        return flat
-    if jax.numpy.issubdtype(flat.dtype, jax.numpy.complexfloating):
-        flat = jax.numpy.stack([flat.real, flat.imag], axis=-1).reshape(-1)
-        return _reinterpret(flat, dtype)
-    if jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
-        part = jax.numpy.finfo(dtype).dtype
-        pairs = _reinterpret(flat, part).reshape(-1, 2)
-        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
-    if flat.dtype == jax.numpy.bool_ or dtype == jax.numpy.bool_:
-        through = jax.numpy.uint8
-        flat = flat.astype(through) if flat.dtype == jax.numpy.bool_ else _reinterpret(flat, through)
-        return flat if dtype == through else (flat != 0 if dtype == jax.numpy.bool_ else _reinterpret(flat, dtype))
-    ratio = jax.numpy.dtype(dtype).itemsize / jax.numpy.dtype(flat.dtype).itemsize
-    if ratio > 1:
-        flat = flat.reshape(-1, int(ratio))
-    return jax.lax.bitcast_convert_type(flat, dtype).reshape(-1)
 
 
 def _materialize(value, spec):

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .dtypes import to_jax
+
 
 def contiguous_strides(shape) -> tuple:
     strides, running = [], 1
@@ -119,3 +121,38 @@ def write(buffer, value, shape, stride, offset):
     region = region.at[_corner(sizes)].set(ordered).reshape(-1)
     region = region[: min(region.shape[0], buffer.shape[0] - offset)]
     return lax.dynamic_update_slice(buffer, region, (offset,))
+
+
+def read_view(buffer, spec):
+    """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`."""
+    shape, stride, offset, dtype, _ = spec
+    return read(_reinterpret(buffer, to_jax(dtype)), shape, stride, offset)
+
+
+def write_view(buffer, value, spec, storage_dtype):
+    """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec."""
+    shape, stride, offset, dtype, _ = spec
+    wanted = to_jax(dtype)
+    written = write(_reinterpret(buffer, wanted), value.astype(wanted), shape, stride, offset)
+    return _reinterpret(written, to_jax(storage_dtype))
+
+
+def _reinterpret(flat, dtype):
+    """A flat storage buffer's bytes as a flat buffer of `dtype` (views such as view_as_real, .view(dtype))."""
+    if flat.dtype == dtype:
+        return flat
+    if jnp.issubdtype(flat.dtype, jnp.complexfloating):
+        flat = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        return _reinterpret(flat, dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = jnp.finfo(dtype).dtype
+        pairs = _reinterpret(flat, part).reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    if flat.dtype == jnp.bool_ or dtype == jnp.bool_:
+        through = jnp.uint8
+        flat = flat.astype(through) if flat.dtype == jnp.bool_ else _reinterpret(flat, through)
+        return flat if dtype == through else (flat != 0 if dtype == jnp.bool_ else _reinterpret(flat, dtype))
+    ratio = jnp.dtype(dtype).itemsize / jnp.dtype(flat.dtype).itemsize
+    if ratio > 1:
+        flat = flat.reshape(-1, int(ratio))
+    return lax.bitcast_convert_type(flat, dtype).reshape(-1)
