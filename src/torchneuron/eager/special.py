@@ -126,6 +126,11 @@ def equal(func, args, kwargs):
     return bool(aten.all.default(aten.eq.Tensor(a, b)).item())
 
 
+@handles(aten.allclose.default)
+def allclose(func, args, kwargs):
+    return bool(aten.all.default(aten.isclose.default(*args, **kwargs)).item())
+
+
 @handles(aten.is_pinned.default)
 def is_pinned(func, args, kwargs):
     return False

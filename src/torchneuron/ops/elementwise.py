@@ -173,6 +173,15 @@ def conj_physical(x):
     return jnp.conj(x)
 
 
+@lower(aten.angle.default)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    (v,), result = promote(x, kind=INT_TO_FLOAT)
+    # PyTorch: pi for negative values (not for -0.0), NaN stays NaN
+    return jnp.where(jnp.isnan(v), v, jnp.where(v < 0, jnp.pi, 0.0)).astype(result)
+
+
 @lower(aten.floor_divide)
 def floor_divide(x, y):
     return div_mode(x, y, rounding_mode="floor")

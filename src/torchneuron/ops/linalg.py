@@ -124,3 +124,29 @@ def linalg_check_errors(info, api_name, *, is_matrix):
 @lower(aten.cholesky)
 def cholesky(a, upper=False):
     return cholesky_ex(a, upper=upper)[0]
+
+
+@lower(aten.linalg_qr)
+def qr(a, mode="reduced"):
+    if mode == "r":  # PyTorch returns an empty Q in this mode
+        return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
+    return jnp.linalg.qr(a, mode=mode)
+
+
+def _cholesky_factor(factor, upper):
+    return (jnp.swapaxes(factor, -1, -2).conj() if upper else factor), True
+
+
+@lower(aten.cholesky_solve)
+def cholesky_solve(b, factor, upper=False):
+    import jax.scipy.linalg as sla
+
+    return sla.cho_solve(_cholesky_factor(factor, upper), b)
+
+
+@lower(aten.cholesky_inverse)
+def cholesky_inverse(factor, upper=False):
+    import jax.scipy.linalg as sla
+
+    identity = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return sla.cho_solve(_cholesky_factor(factor, upper), identity)
