@@ -4,7 +4,7 @@ import torch
 from ..runtime import pending_checks, transfer
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, wrap
-from ..runtime.layout import contiguous_strides
+from ..runtime.layout import contiguous_strides, covers_storage
 
 aten = torch.ops.aten
 HANDLERS = {}
@@ -40,8 +40,6 @@ def to_host(tensor: NeuronTensor) -> torch.Tensor:
 
 
 def _is_whole_storage(t: NeuronTensor) -> bool:
-    from ..runtime.layout import covers_storage
-
     shape, stride, offset, dtype, _ = t._spec
     return dtype == t._storage.dtype and covers_storage(shape, stride, offset, t._storage.numel)
 
