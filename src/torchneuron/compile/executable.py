@@ -17,10 +17,7 @@ from ..eager import special
 from ..ops import registry
 from ..ops.graph import run_graph_with_inputs
 from ..runtime import layout, sync
-from ..runtime.dtypes import to_torch
-from ..runtime.layout import contiguous_strides
-from ..runtime.storage import Storage
-from ..runtime.tensor import NeuronTensor, wrap
+from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import disk_cache
 from .stats import counters
 
@@ -174,11 +171,5 @@ class _Program:
         for j, value in self.constants.items():
             outputs[j] = value
         for (j, shape), array in zip(self.array_outputs, arrays):
-            outputs[j] = _wrap_new(array, shape, self.device_index)
+            outputs[j] = wrap_buffer(array, shape, self.device_index)
         return outputs
-
-
-def _wrap_new(flat, shape, device_index) -> NeuronTensor:
-    dtype = to_torch(flat.dtype)
-    storage = Storage(flat.shape[0], dtype, device_index, flat)
-    return wrap(storage, tuple(shape), contiguous_strides(shape), 0, dtype)

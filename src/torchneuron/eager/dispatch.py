@@ -16,8 +16,7 @@ import torch
 from ..device import rng
 from ..ops import checks, registry
 from ..ops.graph import lowering_for
-from ..runtime import layout
-from ..runtime import pending_checks, sync
+from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
 from ..runtime.storage import Storage
@@ -83,18 +82,18 @@ class Compute:
         if any(type(t) is not NeuronTensor for t in tensors):
             special.bring_to_device(tensors)
         # one pass: which storage each tensor views (aliasing is part of the program) and how
-        storages, index, layout = [], {}, []
+        storages, index, views = [], {}, []
         for t in tensors:
             s = t._storage
             i = index.get(s)
             if i is None:
                 i = index[s] = len(storages)
                 storages.append(s)
-            layout.append((t._spec, i, s.numel))
-        key = (func, targs, tkwargs, tuple(layout), tuple(map(type, scalars)) if scalars else ())
+            views.append((t._spec, i, s.numel))
+        key = (func, targs, tkwargs, tuple(views), tuple(map(type, scalars)) if scalars else ())
         entry = eager_cache.get(key)
         if entry is None:
-            entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in layout], storages, scalars)
+            entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
             eager_cache.put(key, entry)
         if entry is fallback.run_on_cpu:
             return fallback.run_on_cpu(func, args, kwargs)

@@ -2,8 +2,7 @@
 import torch
 
 from ..runtime import pending_checks, transfer
-from ..runtime.storage import Storage
-from ..runtime.tensor import NeuronTensor, wrap
+from ..runtime.tensor import NeuronTensor, wrap_buffer
 from ..runtime.layout import contiguous_strides, covers_storage
 
 aten = torch.ops.aten
@@ -21,9 +20,7 @@ def handles(*ops):
 
 def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
     """A new contiguous neuron tensor holding a CPU tensor's values."""
-    buffer = transfer.host_to_device(tensor, device_index)
-    storage = Storage(buffer.shape[0], tensor.dtype, device_index, buffer)
-    return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
+    return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, device_index)
 
 
 def row_major_buffer(tensor: NeuronTensor):
@@ -76,9 +73,7 @@ def copy_(func, args, kwargs):
 
 
 def _move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    buffer = transfer.device_to_device(row_major_buffer(tensor), device_index)
-    storage = Storage(buffer.shape[0], tensor.dtype, device_index, buffer)
-    return wrap(storage, tuple(tensor.shape), contiguous_strides(tensor.shape), 0, tensor.dtype)
+    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, device_index)
 
 
 @handles(aten._to_copy.default)
@@ -175,11 +170,7 @@ def _value(tensor: NeuronTensor):
 
 
 def from_array(array, device_index: int) -> NeuronTensor:
-    from ..runtime.dtypes import to_torch
-
-    dtype = to_torch(array.dtype)
-    storage = Storage(array.size, dtype, device_index, array.reshape(-1))
-    return wrap(storage, tuple(array.shape), contiguous_strides(array.shape), 0, dtype)
+    return wrap_buffer(array.reshape(-1), array.shape, device_index)
 
 
 def data_dependent(func, args, kwargs):

@@ -80,6 +80,16 @@ def wrap(storage: Storage, shape, stride, offset, dtype) -> NeuronTensor:
     return NeuronTensor(storage, shape, stride, offset, dtype)
 
 
+def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
+    """A new contiguous tensor of `shape` owning the flat device buffer `flat` (its dtype is the tensor's)."""
+    from .dtypes import to_torch
+    from .layout import contiguous_strides
+
+    dtype = to_torch(flat.dtype)
+    storage = Storage(flat.shape[0], dtype, device_index, flat)
+    return NeuronTensor(storage, tuple(shape), contiguous_strides(shape), 0, dtype)
+
+
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
     numel = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
     return Storage(numel, dtype, device_index, buffer)
