@@ -117,3 +117,29 @@ def test_out_of_range_index_values_raise_at_synchronisation(bad, error):
     with pytest.raises(error, match="reported at synchronisation"):
         result.cpu()
     assert torch.ones(2, device="neuron").sum().item() == 2.0  # the failure was consumed
+
+
+_ERROR_IN_BACKWARD = """
+import pytest, torch
+from torchneuron.eager import dispatch
+
+def boom(func, args, kwargs):
+    raise ValueError("boom in " + str(func))
+
+x = torch.randn(4, 3, device="neuron", requires_grad=True)
+dispatch._HANDLERS[torch.ops.aten.threshold_backward.default] = boom
+with pytest.raises(ValueError, match="boom in aten.threshold_backward"):
+    torch.relu(x).sum().backward()
+with pytest.raises(ValueError, match="boom in aten.threshold_backward"):
+    torch.autograd.grad(torch.relu(x).sum(), x)
+del dispatch._HANDLERS[torch.ops.aten.threshold_backward.default]
+torch.relu(x).sum().backward()
+assert torch.equal(x.grad.cpu(), (x.detach().cpu() > 0).float())
+print("survived")
+"""
+
+
+def test_an_error_inside_backward_is_raised_by_backward():
+    """Raised on the autograd device thread it used to abort the process; now backward() raises it."""
+    run = subprocess.run([sys.executable, "-c", _ERROR_IN_BACKWARD], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "survived" in run.stdout, run.stderr[-3000:]
