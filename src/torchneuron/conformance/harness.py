@@ -185,20 +185,24 @@ def _samples(op, dtype, requires_grad, limit):
 
 def _to_neuron(value):
     if isinstance(value, torch.Tensor):
-        moved = _same_layout_on_neuron(value.detach())
-        return moved.requires_grad_(value.requires_grad) if moved.is_floating_point() or moved.is_complex() else moved
+        return _copy(value, "neuron")
     if isinstance(value, torch.device) or value == "cpu":
         return torch.device("neuron")
     return value
 
 
-def _same_layout_on_neuron(value):
-    """A neuron copy with the same sizes, strides and offset over a copy of the whole storage,
-    so that ops reading the layout (as_strided, views of views) see what the CPU sees."""
+def _copy(value, device):
+    copy = _same_layout_copy(value.detach(), device)
+    return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() or copy.is_complex() else copy
+
+
+def _same_layout_copy(value, device):
+    """A copy on `device` with the same sizes, strides and offset over a copy of the whole storage,
+    so that ops reading the layout (as_strided, views of views) see what they see on the original."""
     if value.layout != torch.strided or value.is_conj() or value.is_neg():
-        return value.resolve_conj().resolve_neg().to("neuron")
+        return value.resolve_conj().resolve_neg().to(device, copy=True)
     storage = torch.empty(0, dtype=value.dtype).set_(value.untyped_storage())
-    return storage.to("neuron").as_strided(value.shape, value.stride(), value.storage_offset())
+    return storage.to(device, copy=True).as_strided(value.shape, value.stride(), value.storage_offset())
 
 
 def _on_neuron(sample):
@@ -208,7 +212,7 @@ def _on_neuron(sample):
 
 
 def _cloned(sample):
-    clone = lambda v: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    clone = lambda v: _copy(v, v.device) if isinstance(v, torch.Tensor) else v  # noqa: E731
     return tree_map(clone, sample.input), tree_map(clone, sample.args), dict(tree_map(clone, sample.kwargs))
 
 

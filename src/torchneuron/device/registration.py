@@ -50,6 +50,12 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return wrap(new_storage_for(size, stride, dtype, index), size, stride, 0, dtype)
 
 
+def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """Autograd formulas return these for gradients known to be zero (sgn of a real input); plain zeros
+    are what any consumer of a ZeroTensor reads."""
+    return torch.zeros(size, dtype=dtype, layout=layout, device=device)
+
+
 def _copy_from(source, destination, non_blocking=False):
     """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
     from ..eager.dispatch import dispatch
@@ -71,6 +77,7 @@ def register() -> None:
     library.impl("empty.memory_format", _empty, "PrivateUse1")
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
     library.impl("_copy_from", _copy_from, "PrivateUse1")
+    library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
     _registered.append(library)
     from .. import patches
     from . import autocast

@@ -144,6 +144,11 @@ def resize_(func, args, kwargs):
     return tensor
 
 
+@handles(aten.resize_as_.default)
+def resize_as_(func, args, kwargs):
+    return resize_(aten.resize_.default, (args[0], args[1].shape), {})
+
+
 @handles(aten.set_.source_Tensor)
 def set_tensor(func, args, kwargs):
     from .views import reset_view
