@@ -23,20 +23,29 @@ class ScalarSlot(int):
         return f"S{int(self)}"
 
 
+# slot objects are reused: building them is measurable on the per-op path
+_TENSOR_SLOTS = tuple(TensorSlot(i) for i in range(64))
+_SCALAR_SLOTS = tuple(ScalarSlot(i) for i in range(64))
+
+
+def _slot(slots, cls, index):
+    return slots[index] if index < len(slots) else cls(index)
+
+
 def template(value, tensors: list, scalars: list, dynamic_floats: bool):
     """`value` with tensors (and, if asked, floats) replaced by slots; collects them in order."""
     kind = type(value)
     if kind is NeuronTensor:
         tensors.append(value)
-        return TensorSlot(len(tensors) - 1)
+        return _slot(_TENSOR_SLOTS, TensorSlot, len(tensors) - 1)
     if kind is float and dynamic_floats:
         scalars.append(value)
-        return ScalarSlot(len(scalars) - 1)
+        return _slot(_SCALAR_SLOTS, ScalarSlot, len(scalars) - 1)
     if kind is list or kind is tuple:
         return tuple(template(v, tensors, scalars, dynamic_floats) for v in value)
     if isinstance(value, torch.Tensor):
         tensors.append(value)  # a CPU (or other) tensor: the dispatcher checks and moves it
-        return TensorSlot(len(tensors) - 1)
+        return _slot(_TENSOR_SLOTS, TensorSlot, len(tensors) - 1)
     return value
 
 

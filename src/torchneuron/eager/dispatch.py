@@ -20,7 +20,7 @@ from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
 from ..runtime.storage import Storage
-from ..runtime.tensor import NeuronTensor, wrap
+from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from . import fallback, special, views
 from .arguments import fill, template
 
@@ -77,13 +77,14 @@ class Compute:
     def __call__(self, func, args, kwargs):
         tensors, scalars = [], []
         dynamic = self.dynamic_floats
-        targs = template(args, tensors, scalars, dynamic)
-        tkwargs = tuple((k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()) if kwargs else ()
-        if any(type(t) is not NeuronTensor for t in tensors):
-            special.bring_to_device(tensors)
+        targs = tuple([template(a, tensors, scalars, dynamic) for a in args])
+        tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
         # one pass: which storage each tensor views (aliasing is part of the program) and how
         storages, index, views = [], {}, []
         for t in tensors:
+            if type(t) is not NeuronTensor:
+                special.bring_to_device(tensors)
+                return self(func, *_refilled(targs, tkwargs, tensors, scalars))
             s = t._storage
             i = index.get(s)
             if i is None:
@@ -104,6 +105,10 @@ class Compute:
             eager_cache.put(key, fallback.run_on_cpu)
             fallback.note_failure(func, failure.cause)
             return fallback.run_on_cpu(func, args, kwargs)
+
+
+def _refilled(targs, tkwargs, tensors, scalars):
+    return fill(targs, tensors, scalars), {k: fill(v, tensors, scalars) for k, v in tkwargs}
 
 
 def _meta_spec(t: torch.Tensor):
@@ -196,14 +201,21 @@ class Executable:
             return tuple(buffers[p] for p in mutated_storages) + tuple(outputs) + tuple(c for c, _, _ in conditions)
 
         self.op = op.func
+        self.argument_storages = self.mutated_storages + self.read_storages
+        spec = self.fresh_specs[0] if self.plan == ("new", 0) and not self.resized else None
+        plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
+        self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
         self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
         self.traced = False
         self.check_errors = []
 
     def run(self, tensors, storages, scalars):
-        flat = [storages[p].buffer for p in self.mutated_storages]
-        flat += [storages[p].buffer for p in self.read_storages]
-        flat += scalars
+        flat = []
+        for p in self.argument_storages:
+            buffer = storages[p]._buffer
+            flat.append(storages[p].buffer if buffer is None else buffer)
+        if scalars:
+            flat += scalars
         if self.random:
             flat.append(rng.next_key(self.device_index))
         if self.traced:
@@ -214,18 +226,24 @@ class Executable:
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
-        if results:
-            sync.launched(self.device_index, results[-1])
+        if not results:
+            return _build_output(self.plan, tensors, [])
+        device_index = self.device_index
+        sync.last[device_index] = results[-1]
         n_mutated = len(self.mutated_storages)
-        new_buffers, outputs = results[:n_mutated], results[n_mutated:]
+        if n_mutated:
+            for p, buffer in zip(self.mutated_storages, results):
+                storages[p].buffer = buffer
+            results = results[n_mutated:]
         if self.check_errors:
-            outputs, conditions = outputs[: -len(self.check_errors)], outputs[-len(self.check_errors) :]
-            pending_checks.add(self.device_index, self.op, conditions, self.check_errors)
-        for p, buffer in zip(self.mutated_storages, new_buffers):
-            storages[p].buffer = buffer
-        fresh = [_wrap_new(buf, spec, self.device_index) for buf, spec in zip(outputs, self.fresh_specs)]
-        for i, buf, spec in zip(self.resized, outputs[len(self.fresh_specs):], self.new_specs):
-            views.reset_view(tensors[i], _storage_for(buf, spec, self.device_index), spec)
+            n_checks = len(self.check_errors)
+            pending_checks.add(device_index, self.op, results[-n_checks:], self.check_errors)
+            results = results[:-n_checks]
+        if self.contiguous_output is not None:
+            return new_contiguous_tensor(results[0], *self.contiguous_output, device_index)
+        fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
+        for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
+            views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
         return _build_output(self.plan, tensors, fresh)
 
 
@@ -293,12 +311,4 @@ def _storage_numel(shape, stride, offset) -> int:
         return offset
     return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
-
-def _storage_for(buffer, spec, device_index) -> Storage:
-    return Storage(buffer.shape[0], spec[3], device_index, buffer)
-
-
-def _wrap_new(buffer, spec, device_index) -> NeuronTensor:
-    shape, stride, offset, dtype = spec
-    return wrap(_storage_for(buffer, spec, device_index), shape, stride, offset, dtype)
 

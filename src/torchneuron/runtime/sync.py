@@ -7,24 +7,25 @@ more) and waited on too.
 """
 import jax
 
-_last = {}
+# the most recently launched array per device (eager dispatch writes it directly: it is on every op's path)
+last = {}
 
 
 def launched(device_index: int, array) -> None:
-    _last[device_index] = array
+    last[device_index] = array
 
 
 def _pending(device_index: int, device) -> list:
     arrays = [a for a in jax.live_arrays() if device in a.devices()]
-    last = _last.get(device_index)
-    if last is not None and not last.is_deleted():
-        arrays.append(last)
+    newest = last.get(device_index)
+    if newest is not None and not newest.is_deleted():
+        arrays.append(newest)
     return arrays
 
 
 def wait(device_index: int, device) -> None:
     jax.block_until_ready(_pending(device_index, device))
-    _last.pop(device_index, None)
+    last.pop(device_index, None)
 
 
 def ready(device_index: int, device) -> bool:

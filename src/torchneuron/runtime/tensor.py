@@ -3,6 +3,7 @@ import functools
 
 import torch
 
+from .layout import contiguous_strides
 from .storage import Storage
 
 
@@ -19,22 +20,6 @@ class NeuronTensor(torch.Tensor):
     """
 
     __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @staticmethod
-    def __new__(cls, storage: Storage, shape, stride, offset: int, dtype: torch.dtype, requires_grad=False):
-        tensor = torch.Tensor._make_wrapper_subclass(
-            cls,
-            shape,
-            strides=stride,
-            storage_offset=offset,
-            dtype=dtype,
-            device=torch_device(storage.device_index),
-            requires_grad=requires_grad,
-            storage_size=storage.nbytes,
-        )
-        tensor._storage = storage
-        tensor._spec = (tuple(shape), tuple(stride), offset, dtype, storage.device_index)
-        return tensor
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -84,18 +69,41 @@ def _dispatch(func, args, kwargs):
     return dispatch(func, args, kwargs)
 
 
-def wrap(storage: Storage, shape, stride, offset, dtype) -> NeuronTensor:
-    return NeuronTensor(storage, shape, stride, offset, dtype)
+def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> NeuronTensor:
+    """A neuron tensor viewing `storage`: the only constructor (the class is never called directly)."""
+    shape, stride = tuple(shape), tuple(stride)
+    tensor = torch.Tensor._make_wrapper_subclass(
+        NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype,
+        device=torch_device(storage.device_index), storage_size=storage.nbytes,
+    )
+    tensor._storage = storage
+    tensor._spec = (shape, stride, offset, dtype, storage.device_index)
+    return tensor
+
+
+def new_tensor(flat, spec, device_index: int) -> NeuronTensor:
+    """A tensor with view `spec` (shape, stride, offset, dtype) of a new Storage holding the flat buffer."""
+    shape, stride, offset, dtype = spec
+    return wrap(Storage(flat.shape[0], dtype, device_index, flat), shape, stride, offset, dtype)
+
+
+def new_contiguous_tensor(flat, shape: tuple, stride: tuple, dtype: torch.dtype, device_index: int) -> NeuronTensor:
+    """`new_tensor` for the common case, a contiguous tensor over all of `flat` (PyTorch's defaults give
+    its strides and storage size, which makes the wrapper measurably cheaper to build); `stride` must be
+    the contiguous strides of `shape`."""
+    storage = Storage(flat.shape[0], dtype, device_index, flat)
+    tensor = torch.Tensor._make_wrapper_subclass(NeuronTensor, shape, dtype=dtype, device=torch_device(device_index))
+    tensor._storage = storage
+    tensor._spec = (shape, stride, 0, dtype, device_index)
+    return tensor
 
 
 def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
     """A new contiguous tensor of `shape` owning the flat device buffer `flat` (its dtype is the tensor's)."""
     from .dtypes import to_torch
-    from .layout import contiguous_strides
 
-    dtype = to_torch(flat.dtype)
-    storage = Storage(flat.shape[0], dtype, device_index, flat)
-    return NeuronTensor(storage, tuple(shape), contiguous_strides(shape), 0, dtype)
+    shape = tuple(shape)
+    return new_contiguous_tensor(flat, shape, contiguous_strides(shape), to_torch(flat.dtype), device_index)
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
