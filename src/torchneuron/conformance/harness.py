@@ -313,7 +313,7 @@ def _forward(op, dtype, limit):
         try:
             expected, random = _reference(op, sample)
         except Exception as error:  # noqa: BLE001 - the CPU rejects it: neuron must reject it alike
-            _expect_error(error, lambda: _call(op, _on_neuron(sample)))
+            _expect_error(error, lambda: _call_and_synchronize(op, _on_neuron(sample)))
             continue
         _compare(_call(op, _on_neuron(sample)), expected, random, uninitialised)
 
@@ -390,7 +390,14 @@ def _errors(op, dtype, limit):
         try:
             _call(op, _cloned(sample))
         except Exception as error:  # noqa: BLE001
-            _expect_error(error, lambda: _call(op, _on_neuron(sample)))
+            _expect_error(error, lambda: _call_and_synchronize(op, _on_neuron(sample)))
+
+
+def _call_and_synchronize(op, inputs):
+    """Value checks (an index out of range) raise at the next synchronisation, as CUDA's device asserts do."""
+    result = _call(op, inputs)
+    torch.neuron.synchronize()
+    return result
 
 
 _CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors)
