@@ -8,7 +8,7 @@ from jax import lax
 
 from . import checks
 from .promotion import cast
-from .registry import lower
+from .registry import META, lower
 
 aten = torch.ops.aten
 
@@ -120,6 +120,19 @@ def _channel_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
+def _eval_statistics_meta(op, training_position):
+    """The CPU kernels save empty statistics in eval mode; the meta kernels per-channel ones (as CUDA does)."""
+    def meta(x, *args, **kwargs):
+        out, mean, invstd = op(x, *args, **kwargs)
+        training = training_position is not None and kwargs.get("training", args[training_position - 1])
+        return (out, mean, invstd) if training else (out, x.new_empty((0,)), x.new_empty((0,)))
+    return meta
+
+
+# a mutating op runs through its functional variant's lowering: only its output metadata is set here
+META[aten._native_batch_norm_legit.default] = _eval_statistics_meta(aten._native_batch_norm_legit.default, 5)
+
+
 @lower(aten._native_batch_norm_legit_functional)
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     v = _opmath(x)
@@ -136,12 +149,13 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
     rstd = lax.rsqrt(_opmath(running_var) + eps)
     out = (v - _opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
     out = _affine(out, weight, bias, shape)
-    # the CPU returns empty saved statistics, the meta kernels (which size eager outputs) per-channel ones
-    unused = jnp.zeros(running_mean.shape, jnp.float32)
+    # eval mode saves nothing: a scalar fills whatever shape the caller's metadata gives
+    unused = jnp.zeros((), x.dtype)
     return out.astype(x.dtype), unused, unused, running_mean, running_var
 
 
-@lower(aten._native_batch_norm_legit_no_training)
+@lower(aten._native_batch_norm_legit_no_training,
+       meta=_eval_statistics_meta(aten._native_batch_norm_legit_no_training.default, None))
 def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
@@ -175,7 +189,13 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
     return dx if output_mask[0] else None, dw, db
 
 
-@lower(aten.embedding)
+def _embedding_meta(weight, indices, *args, **kwargs):
+    # the meta kernel asserts this; the CPU kernel raises a RuntimeError
+    torch._check(weight.dim() == 2, lambda: "'weight' must be 2-D")
+    return aten.embedding.default(weight, indices, *args, **kwargs)
+
+
+@lower(aten.embedding, meta=_embedding_meta)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     checks.index_in_range(indices, weight.shape[0])
     return jnp.take(weight, indices, axis=0)
@@ -317,3 +337,162 @@ def _per_dim(value, n):
 
 lower(aten.avg_pool2d)(functools.partial(_avg_pool, 2))
 lower(aten.avg_pool3d)(functools.partial(_avg_pool, 3))
+
+
+@lower(aten.hardshrink_backward, aten.softshrink_backward)
+def shrink_backward(grad, x, lambd):
+    return jnp.where(jnp.abs(x) > lambd, grad, jnp.zeros_like(grad))
+
+
+def _hinge(z, p=1):
+    """max(0, z)**p with PyTorch's zero gradient at the kink (jnp.maximum would split it)."""
+    return jnp.where(z > 0, z, jnp.zeros_like(z)) ** p
+
+
+def _multi_margin_losses(x, target, p, margin, weight):
+    v = _opmath(x)
+    rows = v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1)
+    labels = target.reshape(-1, 1)
+    picked = jnp.take_along_axis(rows, labels, axis=1)
+    z = _hinge(margin - picked + rows, p)
+    if weight is not None:
+        z = z * _opmath(weight)[labels]
+    z = jnp.where(jnp.arange(rows.shape[1]) == labels, 0, z)
+    losses = jnp.sum(z, axis=1) / rows.shape[1]
+    return losses.reshape(target.shape).astype(x.dtype)
+
+
+@lower(aten.multi_margin_loss)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    return _reduce(_multi_margin_losses(x, target, p, margin, weight), reduction)
+
+
+def _shaped_like_input(grad, x, *args, **kwargs):
+    """Output metadata of backward ops that PyTorch gives no meta kernel: the input's gradient."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@lower(aten.multi_margin_loss_backward, meta=_shaped_like_input)
+def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
+    return _vjp(lambda v: multi_margin_loss(v, target, p, margin, weight, reduction), x, grad)
+
+
+def _vjp(fn, x, grad):
+    return jax.vjp(fn, x)[1](grad.astype(x.dtype))[0]
+
+
+def _multilabel_targets(target, num_classes):
+    """Which target slots count (those before the first -1), and the per-class is-a-target mask."""
+    valid = jnp.cumprod(target != -1, axis=-1).astype(jnp.bool_)
+    labels = jnp.where(valid, target, 0)
+    hits = jax.nn.one_hot(labels, num_classes, dtype=jnp.bool_) & valid[..., None]
+    return valid, labels, jnp.any(hits, axis=-2)
+
+
+@lower(aten.multilabel_margin_loss_forward)
+def multilabel_margin_loss_forward(x, target, reduction):
+    if x.ndim == 0:
+        loss, is_target = multilabel_margin_loss_forward(x.reshape(1), target.reshape(1), reduction)
+        return loss, is_target.reshape(())
+    v = _opmath(x)
+    valid, labels, is_target = _multilabel_targets(target, v.shape[-1])
+    picked = jnp.take_along_axis(v, labels, axis=-1)
+    z = _hinge(1 - picked[..., :, None] + v[..., None, :])
+    z = jnp.where(valid[..., :, None] & ~is_target[..., None, :], z, 0)
+    losses = (jnp.sum(z, axis=(-2, -1)) / v.shape[-1]).astype(x.dtype)
+    return _reduce(losses, reduction), is_target.astype(x.dtype)
+
+
+@lower(aten.multilabel_margin_loss_backward, meta=_shaped_like_input)
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    return _vjp(lambda v: multilabel_margin_loss_forward(v, target, reduction)[0], x, grad)
+
+
+def _distance_parts(x1, x2, p):
+    """Pairwise differences [..., R1, R2, M] and p-norm distances [..., R1, R2]."""
+    diff = _opmath(x1)[..., :, None, :] - _opmath(x2)[..., None, :, :]
+    a = jnp.abs(diff)
+    if p == 0:
+        dist = jnp.sum((a != 0).astype(a.dtype), axis=-1)
+    elif p == 1:
+        dist = jnp.sum(a, axis=-1)
+    elif p == 2:
+        dist = jnp.sqrt(jnp.sum(a * a, axis=-1))
+    elif p == float("inf"):
+        dist = jnp.max(a, axis=-1, initial=0.0)
+    else:
+        dist = jnp.sum(a ** p, axis=-1) ** (1 / p)
+    return diff, dist
+
+
+def _distance_grad(grad, diff, dist, p):
+    """d dist / d x1 summed against grad over the second set of rows, zero where a distance is zero."""
+    d = dist[..., None]
+    if p == 0:
+        return jnp.zeros(diff.shape[:-2] + diff.shape[-1:], diff.dtype)
+    if p == 1:
+        local = jnp.sign(diff)
+    elif p == 2:
+        local = diff / jnp.where(d == 0, 1, d)
+    elif p == float("inf"):
+        local = jnp.sign(diff) * (jnp.abs(diff) == d)
+    else:
+        local = diff * jnp.abs(diff) ** (p - 2) / jnp.where(d == 0, 1, d) ** (p - 1)
+    local = jnp.where(d == 0, 0, local)
+    return jnp.sum(_opmath(grad)[..., None] * local, axis=-2)
+
+
+@lower(aten._cdist_forward, static_scalars=True)  # p picks the formula
+def cdist_forward(x1, x2, p, compute_mode=None):
+    return _distance_parts(x1, x2, p)[1].astype(x1.dtype)
+
+
+@lower(aten._cdist_backward, static_scalars=True)
+def cdist_backward(grad, x1, x2, p, cdist):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    if 0 in batch + x1.shape[-2:] + x2.shape[-2:-1]:
+        return jnp.zeros_like(x1)  # PyTorch's shortcut keeps x1's own shape
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    diff, dist = _distance_parts(x1, x2, p)
+    return _distance_grad(grad, diff, dist, p).astype(x1.dtype)
+
+
+@lower(aten._pdist_forward, static_scalars=True)
+def pdist_forward(x, p=2):
+    rows, cols = jnp.triu_indices(x.shape[0], 1)
+    return _distance_parts(x, x, p)[1][rows, cols].astype(x.dtype)
+
+
+@lower(aten._pdist_backward, static_scalars=True)
+def pdist_backward(grad, x, p, pdist):
+    rows, cols = jnp.triu_indices(x.shape[0], 1)
+    # each pair's distance moves both rows: scatter to a symmetric matrix of pair gradients
+    full = jnp.zeros((x.shape[0], x.shape[0]), _opmath(grad).dtype).at[rows, cols].set(grad)
+    diff, dist = _distance_parts(x, x, p)
+    return _distance_grad(full + full.T, diff, dist, p).astype(x.dtype)
+
+
+@lower(aten._trilinear)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    product = (jnp.expand_dims(i1, tuple(expand1)) * jnp.expand_dims(i2, tuple(expand2))
+               * jnp.expand_dims(i3, tuple(expand3)))
+    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+
+
+@lower(aten.rrelu_with_noise_functional, random=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    if not training:
+        return jnp.where(x >= 0, x, x * cast((lower + upper) / 2, x.dtype)), noise
+    slopes = jax.random.uniform(key, x.shape, _opmath(x).dtype, lower, upper).astype(x.dtype)
+    noise = jnp.where(x <= 0, slopes, jnp.ones_like(slopes)).astype(noise.dtype)
+    return x * noise.astype(x.dtype), noise
+
+
+@lower(aten.embedding_renorm, static_scalars=True)  # norm_type picks the norm
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    flat = indices.reshape(-1)
+    rows = _opmath(weight[flat])
+    norms = jnp.linalg.norm(rows, ord=norm_type, axis=-1, keepdims=True)
+    scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1)
+    return weight.at[flat].set((rows * scale).astype(weight.dtype))
+

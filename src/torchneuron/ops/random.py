@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .registry import lower
+from .registry import META, lower
 
 aten = torch.ops.aten
 
@@ -12,7 +12,24 @@ def _float(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-@lower(aten.uniform, random=True)
+def _checked(op, condition, message):
+    """Output metadata that first raises PyTorch's error for bad bounds, which its meta kernels do not check:
+    the bounds must then be static scalars, or later calls would reuse a program built without the check."""
+    def meta(x, *args, **kwargs):
+        torch._check(condition(*args, **kwargs), lambda: message(*args, **kwargs))
+        return op(x, *args, **kwargs)
+    return meta
+
+
+META[aten.uniform_.default] = _checked(
+    aten.uniform_.default, lambda low=0.0, high=1.0, **_: low <= high,
+    lambda low=0.0, high=1.0, **_: f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
+META[aten.exponential_.default] = _checked(
+    aten.exponential_.default, lambda lambd=1.0, **_: lambd > 0,
+    lambda lambd=1.0, **_: f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+
+
+@lower(aten.uniform, random=True, static_scalars=True)
 def uniform(x, low=0.0, high=1.0, *, generator=None, key):
     sample = jax.random.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
     return (low + sample * (high - low)).astype(x.dtype)
@@ -66,7 +83,7 @@ def _random_high(x):
     return int(jnp.iinfo(x.dtype).max) + 1 if x.dtype != jnp.int64 else 2**63 - 1
 
 
-@lower(aten.exponential, random=True)
+@lower(aten.exponential, random=True, static_scalars=True)
 def exponential(x, lambd=1.0, *, generator=None, key):
     return (jax.random.exponential(key, x.shape, _float(x)) / lambd).astype(x.dtype)
 
@@ -95,3 +112,10 @@ def multinomial(probabilities, num_samples, replacement=False, *, generator=None
     # Gumbel top-k draws without replacement in one pass
     perturbed = logits + jax.random.gumbel(key, logits.shape)
     return jax.lax.top_k(perturbed, num_samples)[1].astype(jnp.int64)
+
+
+@lower(aten.randint_like, random=True)
+def randint_like(x, *bounds, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                 memory_format=None, key):
+    low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
+    return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64)
