@@ -50,6 +50,12 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return wrap(new_storage_for(size, stride, dtype, index), size, stride, 0, dtype)
 
 
+def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """The zeros some backward formulas return (sgn's for real inputs): plain zeros on neuron,
+    where no ZeroTensor dispatch key elides the arithmetic on them."""
+    return _empty(size, dtype, layout, device, pin_memory).zero_()
+
+
 def _copy_from(source, destination, non_blocking=False):
     """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
     from ..eager.dispatch import dispatch
@@ -71,6 +77,7 @@ def register() -> None:
     library.impl("empty.memory_format", _empty, "PrivateUse1")
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
     library.impl("_copy_from", _copy_from, "PrivateUse1")
+    library.impl("_efficientzerotensor", _efficientzerotensor, "PrivateUse1")
     _registered.append(library)
     from .. import patches
     from . import autocast
