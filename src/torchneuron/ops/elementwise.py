@@ -6,7 +6,7 @@ import torch
 from jax import lax
 
 from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote
-from .registry import lower
+from .registry import META, lower
 
 aten = torch.ops.aten
 
@@ -52,7 +52,6 @@ _register_all(
         (aten.erfc, special.erfc),
         (aten.erfinv, special.erfinv),
         (aten.lgamma, special.gammaln),
-        (aten.digamma, special.digamma),
         (aten.reciprocal, jnp.reciprocal),
         (aten.atan2, jnp.arctan2),
         (aten.div.Tensor, jnp.true_divide),
@@ -180,6 +179,55 @@ def angle(x):
     (v,), result = promote(x, kind=INT_TO_FLOAT)
     # PyTorch: pi for negative values (not for -0.0), NaN stays NaN
     return jnp.where(jnp.isnan(v), v, jnp.where(v < 0, jnp.pi, 0.0)).astype(result)
+
+
+def _scalar_type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def _complex_meta(op):
+    """The CPU kernels' checks, which PyTorch's meta kernel makes with other exceptions or not at all."""
+
+    def meta(a, b, **out):
+        floating = (torch.float16, torch.float32, torch.float64)
+        names = _scalar_type_name(a.dtype), _scalar_type_name(b.dtype)
+        torch._check(
+            a.dtype in floating and b.dtype in floating,
+            lambda: f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}",
+        )
+        torch._check(
+            a.dtype == b.dtype,
+            lambda: f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument",
+        )
+        if out:
+            wanted, given = _scalar_type_name(a.dtype.to_complex()), _scalar_type_name(out["out"].dtype)
+            torch._check(
+                wanted == given,
+                lambda: f"Expected object of scalar type {wanted} but got scalar type {given} for argument 'out'",
+            )
+        return op(a, b, **out)
+
+    return meta
+
+
+def _complex_from_parts(real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lower(aten.complex.default, meta=_complex_meta(aten.complex.default))
+def complex_(real, imag):
+    return _complex_from_parts(real, imag)
+
+
+@lower(aten.polar.default, meta=_complex_meta(aten.polar.default))
+def polar(abs, angle):
+    return _complex_from_parts(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
+# out= overloads have no lowering of their own, only these checks
+META[aten.complex.out] = _complex_meta(aten.complex.out)
+META[aten.polar.out] = _complex_meta(aten.polar.out)
 
 
 @lower(aten.floor_divide)
@@ -384,3 +432,16 @@ def zero(x):
 def lift_fresh_copy(x):
     return x
 
+
+
+# --- bit patterns ------------------------------------------------------------------
+
+
+@lower(aten.hash_tensor)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    # mode 0, the only one: xor of the elements widened to 64 bits and read as uint64
+    wide = x.astype(jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(sorted({d % x.ndim for d in dim})) if dim and x.ndim else tuple(range(x.ndim))
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out
