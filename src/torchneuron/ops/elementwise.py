@@ -20,6 +20,10 @@ def _is_integral(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
 
 
+def _sign(x):
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+
+
 def _round_half_even(x):
     return jnp.round(x)
 
@@ -67,8 +71,8 @@ _register_all(
     [
         (aten.neg, jnp.negative),
         (aten.abs, jnp.abs),
-        (aten.sign, jnp.sign),
-        (aten.sgn, jnp.sign),
+        (aten.sign, _sign),
+        (aten.sgn, _sign),
         (aten.square, jnp.square),
         (aten.relu, jax.nn.relu),
         (aten.floor, lambda x: x if _is_integral(x) else jnp.floor(x)),
@@ -223,6 +227,17 @@ def complex_(real, imag):
 @lower(aten.polar.default, meta=_complex_meta(aten.polar.default))
 def polar(abs, angle):
     return _complex_from_parts(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
+@lower(aten.view_as_real, aten.view_as_real_copy)
+def view_as_real(x):
+    # eager runs these as views (the storage is reinterpreted on read); traced graphs need values
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lower(aten.view_as_complex, aten.view_as_complex_copy)
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
 
 
 # out= overloads have no lowering of their own, only these checks
