@@ -119,6 +119,11 @@ def _harmonic(k):
     return sum(1.0 / j for j in range(1, k + 1))
 
 
+def _digamma_pair(k):
+    """digamma(k + 1) + digamma(k + 2), the weights of the order-1 series of Y_1 and K_1."""
+    return _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA
+
+
 def _bessel_series(x, nu, alternating, weight=lambda k: 1.0):
     """sum over k of weight(k) (+-1)^k (x/2)^(2k+nu) / (k! (k+nu)!): J_nu (alternating) or I_nu."""
     half = x / 2
@@ -186,11 +191,10 @@ def bessel_y0(x):
 def bessel_y1(x):
     small, near, far = _split(x, _SERIES_LIMIT)
     near = jnp.where(near > 0, near, 1)
-    digammas = lambda k: _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA  # noqa: E731
     series = (
         -2 / (math.pi * near)
         + (2 / math.pi) * jnp.log(near / 2) * _bessel_series(near, 1, True)
-        - _bessel_series(near, 1, True, digammas) / math.pi
+        - _bessel_series(near, 1, True, _digamma_pair) / math.pi
     )
     return _positive_only(x, jnp.where(small, series, _hankel(far, 1)[1]), -jnp.inf)
 
@@ -219,16 +223,14 @@ def _k_series(x, order):
     log_half = jnp.log(x / 2)
     if order == 0:
         return -(log_half + _EULER_GAMMA) * _bessel_series(x, 0, False) + _bessel_series(x, 0, False, _harmonic)
-    digammas = lambda k: _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA  # noqa: E731
-    return 1 / x + log_half * _bessel_series(x, 1, False) - _bessel_series(x, 1, False, digammas) / 2
+    return 1 / x + log_half * _bessel_series(x, 1, False) - _bessel_series(x, 1, False, _digamma_pair) / 2
 
 
 def _modified_k(x, order, scaled):
     small = x <= _K_SERIES_LIMIT
     near = jnp.where(small & (x > 0), x, 1)
-    far = jnp.where(small, _K_SERIES_LIMIT + 1, x)
+    far = jnp.where(small | (x == jnp.inf), _K_SERIES_LIMIT + 1, x)
     series = _k_series(near, order) * (jnp.exp(near) if scaled else 1)
-    far = jnp.where(far == jnp.inf, _K_SERIES_LIMIT + 1, far)
     integral = _scaled_k_integral(far, order) * (1 if scaled else jnp.exp(-far))
     value = jnp.where(small, series, jnp.where(x == jnp.inf, 0, integral))
     return _positive_only(x, value, jnp.inf)
@@ -245,14 +247,16 @@ for _order, _scaled, _op in [
 _AIRY_AI_0 = 0.355028053887817239  # Ai(0)
 _AIRY_AIP_0 = 0.258819403792806798  # -Ai'(0)
 _AIRY_SERIES_RANGE = (-4.0, 2.0)
+_AIRY_SERIES_TERMS = 16
 _AIRY_ASYMPTOTIC_TERMS = 12
 
 
 def _airy_maclaurin(x):
+    """Ai(x) near the origin: Ai(0) f(x) + Ai'(0) g(x), the two power series of Airy's equation."""
     cube = x * x * x
     f_term, g_term = jnp.ones_like(x), x
     f, g = f_term, g_term
-    for k in range(_SERIES_TERMS + 8):
+    for k in range(_AIRY_SERIES_TERMS):
         f_term = f_term * cube / ((3 * k + 2) * (3 * k + 3))
         g_term = g_term * cube / ((3 * k + 3) * (3 * k + 4))
         f, g = f + f_term, g + g_term
