@@ -16,5 +16,6 @@ from . import (  # noqa: F401  (registration side effects)
     reductions,
     shape,
     sorting,
+    special_functions,
 )
 from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)

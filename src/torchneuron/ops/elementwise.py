@@ -6,7 +6,7 @@ import torch
 from jax import lax
 
 from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote
-from .registry import lower
+from .registry import META, lower
 
 aten = torch.ops.aten
 
@@ -18,6 +18,10 @@ def _register_all(table, kind):
 
 def _is_integral(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _sign(x):
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)
 
 
 def _round_half_even(x):
@@ -52,7 +56,6 @@ _register_all(
         (aten.erfc, special.erfc),
         (aten.erfinv, special.erfinv),
         (aten.lgamma, special.gammaln),
-        (aten.digamma, special.digamma),
         (aten.reciprocal, jnp.reciprocal),
         (aten.atan2, jnp.arctan2),
         (aten.div.Tensor, jnp.true_divide),
@@ -68,8 +71,8 @@ _register_all(
     [
         (aten.neg, jnp.negative),
         (aten.abs, jnp.abs),
-        (aten.sign, jnp.sign),
-        (aten.sgn, jnp.sign),
+        (aten.sign, _sign),
+        (aten.sgn, _sign),
         (aten.square, jnp.square),
         (aten.relu, jax.nn.relu),
         (aten.floor, lambda x: x if _is_integral(x) else jnp.floor(x)),
@@ -180,6 +183,66 @@ def angle(x):
     (v,), result = promote(x, kind=INT_TO_FLOAT)
     # PyTorch: pi for negative values (not for -0.0), NaN stays NaN
     return jnp.where(jnp.isnan(v), v, jnp.where(v < 0, jnp.pi, 0.0)).astype(result)
+
+
+def _scalar_type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def _complex_meta(op):
+    """The CPU kernels' checks, which PyTorch's meta kernel makes with other exceptions or not at all."""
+
+    def meta(a, b, **out):
+        floating = (torch.float16, torch.float32, torch.float64)
+        names = _scalar_type_name(a.dtype), _scalar_type_name(b.dtype)
+        torch._check(
+            a.dtype in floating and b.dtype in floating,
+            lambda: f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}",
+        )
+        torch._check(
+            a.dtype == b.dtype,
+            lambda: f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument",
+        )
+        if out:
+            wanted, given = _scalar_type_name(a.dtype.to_complex()), _scalar_type_name(out["out"].dtype)
+            torch._check(
+                wanted == given,
+                lambda: f"Expected object of scalar type {wanted} but got scalar type {given} for argument 'out'",
+            )
+        return op(a, b, **out)
+
+    return meta
+
+
+def _complex_from_parts(real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lower(aten.complex.default, meta=_complex_meta(aten.complex.default))
+def complex_(real, imag):
+    return _complex_from_parts(real, imag)
+
+
+@lower(aten.polar.default, meta=_complex_meta(aten.polar.default))
+def polar(abs, angle):
+    return _complex_from_parts(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
+@lower(aten.view_as_real, aten.view_as_real_copy)
+def view_as_real(x):
+    # eager runs these as views (the storage is reinterpreted on read); traced graphs need values
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lower(aten.view_as_complex, aten.view_as_complex_copy)
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+# out= overloads have no lowering of their own, only these checks
+META[aten.complex.out] = _complex_meta(aten.complex.out)
+META[aten.polar.out] = _complex_meta(aten.polar.out)
 
 
 @lower(aten.floor_divide)
@@ -384,3 +447,16 @@ def zero(x):
 def lift_fresh_copy(x):
     return x
 
+
+
+# --- bit patterns ------------------------------------------------------------------
+
+
+@lower(aten.hash_tensor)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    # mode 0, the only one: xor of the elements widened to 64 bits and read as uint64
+    wide = x.astype(jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(sorted({d % x.ndim for d in dim})) if dim and x.ndim else tuple(range(x.ndim))
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out

@@ -1,0 +1,428 @@
+"""Special functions: Bessel and Airy functions, the gamma and zeta family, orthogonal polynomials.
+
+JAX's library serves where it has the function. Elsewhere the lowerings evaluate the mathematical
+definitions (power series near the origin, asymptotic expansions or integral representations away
+from it), which agree with PyTorch's Cephes-based CPU kernels well within the conformance
+tolerances. Edge cases (poles, negative degrees, nan and inf) follow the CPU kernels
+(ATen/native/Math.h).
+"""
+import math
+
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import torch
+from jax import lax
+
+from .promotion import INT_TO_FLOAT, elementwise, promote
+from .registry import lower
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+_EULER_GAMMA = 0.5772156649015329
+
+
+def _float_op(*ops):
+    """Register `fn` of floating arrays as the lowering of `ops`, integer inputs promoted to float."""
+
+    def register(fn):
+        lower(*ops)(elementwise(fn, INT_TO_FLOAT))
+        return fn
+
+    return register
+
+
+for _ops, _fn in [
+    ((prims.bessel_i0, aten.special_modified_bessel_i0), jsp.i0),
+    ((prims.bessel_i0e,), jsp.i0e),
+    ((prims.bessel_i1, aten.special_modified_bessel_i1), jsp.i1),
+    ((prims.bessel_i1e,), jsp.i1e),
+    ((prims.erfcx,), jsp.erfcx),
+    ((prims.ndtri,), jsp.ndtri),
+    ((aten.special_log_ndtr,), jsp.log_ndtr),
+    ((prims.igamma,), lax.igamma),
+    ((prims.igammac,), lax.igammac),
+]:
+    _float_op(*_ops)(_fn)
+
+
+@lower(prims.frexp)
+def frexp(x):
+    return jnp.frexp(x)
+
+
+@_float_op(prims.spherical_bessel_j0)
+def spherical_bessel_j0(x):
+    safe = jnp.where(x == 0, jnp.ones_like(x), x)
+    return jnp.where(jnp.isinf(x), 0, jnp.where(x == 0, 1, jnp.sin(safe) / safe)).astype(x.dtype)
+
+
+# --- zeta and polygamma ---------------------------------------------------------------
+
+_ZETA_SHIFT = 9.0  # JAX's Hurwitz zeta is accurate from here on; smaller q are summed term by term
+
+
+def _hurwitz_zeta(s, q):
+    """zeta(s, q) = sum over k >= 0 of (q + k)^-s, also for negative non-integer q with integer s."""
+    start = jnp.broadcast_to(q, jnp.broadcast_shapes(s.shape, q.shape))
+    s = jnp.broadcast_to(s, start.shape)
+
+    def pending(a):
+        return (a < _ZETA_SHIFT) & jnp.isfinite(a)
+
+    def body(state):
+        total, a = state
+        step = pending(a)
+        return total + jnp.where(step, jnp.power(a, -s), 0), jnp.where(step, a + 1, a)
+
+    total, shifted = lax.while_loop(lambda state: jnp.any(pending(state[1])), body, (jnp.zeros_like(start), start))
+    value = total + jsp.zeta(s, jnp.maximum(shifted, _ZETA_SHIFT))
+    pole = (q <= 0) & (q == jnp.floor(q))
+    undefined = (s < 1) | ((q <= 0) & (s != jnp.floor(s)))
+    return jnp.where(s == 1, jnp.inf, jnp.where(undefined, jnp.nan, jnp.where(pole, jnp.inf, value))).astype(value.dtype)
+
+
+_float_op(prims.zeta, aten.special_zeta)(_hurwitz_zeta)
+
+
+@_float_op(aten.digamma)
+def digamma(x):
+    # the pole at zero keeps the sign of the zero: digamma(+-0) = -+inf
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jsp.digamma(x)).astype(x.dtype)
+
+
+def _trigamma_limits(x, value):
+    """PyTorch's trigamma is its own kernel: 0 at +inf, nan at -inf (not zeta's pole)."""
+    return jnp.where(x == jnp.inf, 0, jnp.where(x == -jnp.inf, jnp.nan, value)).astype(x.dtype)
+
+
+@lower(aten.polygamma, aten.special_polygamma)
+def polygamma(n, x):
+    if not isinstance(n, int):  # the in-place polygamma_(self, n) passes its arguments the other way round
+        n, x = x, n
+    (x,), result = promote(x, kind=INT_TO_FLOAT)
+    if n == 0:
+        return digamma(x).astype(result)
+    scale = (1 if n % 2 else -1) * math.factorial(n)
+    value = scale * _hurwitz_zeta(jnp.full_like(x, n + 1), x)
+    return (_trigamma_limits(x, value) if n == 1 else value).astype(result)
+
+
+# --- Bessel functions of the first and second kind ----------------------------------------
+
+_SERIES_TERMS = 24
+_HANKEL_TERMS = 14
+_SERIES_LIMIT = 8.0  # |x| up to which the power series beats the asymptotic expansion in float32
+
+
+def _harmonic(k):
+    return sum(1.0 / j for j in range(1, k + 1))
+
+
+def _digamma_pair(k):
+    """digamma(k + 1) + digamma(k + 2), the weights of the order-1 series of Y_1 and K_1."""
+    return _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA
+
+
+def _bessel_series(x, nu, alternating, weight=lambda k: 1.0):
+    """sum over k of weight(k) (+-1)^k (x/2)^(2k+nu) / (k! (k+nu)!): J_nu (alternating) or I_nu."""
+    half = x / 2
+    z = -half * half if alternating else half * half
+    term = half**nu / math.factorial(nu)
+    total = weight(0) * term
+    for k in range(1, _SERIES_TERMS):
+        term = term * z / (k * (k + nu))
+        total = total + weight(k) * term
+    return total
+
+
+def _hankel(x, nu):
+    """J_nu and Y_nu for large x from Hankel's asymptotic expansion (DLMF 10.17.3-4)."""
+    mu = 4 * nu * nu
+    p = q = 0
+    coefficient = 1.0
+    for k in range(_HANKEL_TERMS):
+        term = coefficient / x**k
+        if k % 2 == 0:
+            p = p + (-1) ** (k // 2) * term
+        else:
+            q = q + (-1) ** (k // 2) * term
+        coefficient *= (mu - (2 * k + 1) ** 2) / ((k + 1) * 8)
+    chi = x - (nu / 2 + 0.25) * math.pi
+    scale = jnp.sqrt(2 / (math.pi * x))
+    return scale * (p * jnp.cos(chi) - q * jnp.sin(chi)), scale * (p * jnp.sin(chi) + q * jnp.cos(chi))
+
+
+def _split(x, limit):
+    """x where |x| <= limit (else a harmless substitute), and x where |x| > limit: each branch of a
+    piecewise function sees only arguments in its own range, so neither produces inf or nan."""
+    small = jnp.abs(x) <= limit
+    return small, jnp.where(small, x, 0), jnp.where(small, limit + 1, jnp.abs(x))
+
+
+@_float_op(prims.bessel_j0)
+def bessel_j0(x):
+    small, near, far = _split(x, _SERIES_LIMIT)
+    return jnp.where(small, _bessel_series(near, 0, True), _hankel(far, 0)[0])
+
+
+@_float_op(prims.bessel_j1)
+def bessel_j1(x):
+    small, near, far = _split(x, _SERIES_LIMIT)
+    return jnp.where(small, _bessel_series(near, 1, True), jnp.sign(x) * _hankel(far, 1)[0])
+
+
+def _positive_only(x, value, at_zero):
+    """PyTorch's convention for functions defined on x > 0: nan below, `at_zero` at zero."""
+    return jnp.where(x < 0, jnp.nan, jnp.where(x == 0, at_zero, value)).astype(x.dtype)
+
+
+@_float_op(aten.special_bessel_y0)
+def bessel_y0(x):
+    small, near, far = _split(x, _SERIES_LIMIT)
+    near = jnp.where(near > 0, near, 1)
+    series = (2 / math.pi) * (
+        (jnp.log(near / 2) + _EULER_GAMMA) * _bessel_series(near, 0, True) - _bessel_series(near, 0, True, _harmonic)
+    )
+    return _positive_only(x, jnp.where(small, series, _hankel(far, 0)[1]), -jnp.inf)
+
+
+@_float_op(aten.special_bessel_y1)
+def bessel_y1(x):
+    small, near, far = _split(x, _SERIES_LIMIT)
+    near = jnp.where(near > 0, near, 1)
+    series = (
+        -2 / (math.pi * near)
+        + (2 / math.pi) * jnp.log(near / 2) * _bessel_series(near, 1, True)
+        - _bessel_series(near, 1, True, _digamma_pair) / math.pi
+    )
+    return _positive_only(x, jnp.where(small, series, _hankel(far, 1)[1]), -jnp.inf)
+
+
+# --- modified Bessel functions of the second kind and the Airy function ------------------
+
+_K_SERIES_LIMIT = 2.0
+# nodes of the trapezoidal rule for e^x K_nu(x) = int_0^inf exp(-x (cosh t - 1)) cosh(nu t) dt,
+# in u = sqrt(x) t, where the integrand is close to exp(-u^2 / 2) for every x above ~1.5
+_K_STEP = 0.4
+_K_NODES = [i * _K_STEP for i in range(20)]
+
+
+def _scaled_k_integral(x, nu):
+    """e^x K_nu(x) for x >= ~1.5 (the trapezoidal rule converges exponentially on this integrand)."""
+    root = jnp.sqrt(x)[..., None]
+    u = jnp.asarray(_K_NODES, x.dtype)
+    t = u / root
+    integrand = jnp.exp(-2 * x[..., None] * jnp.sinh(t / 2) ** 2) * jnp.cosh(nu * t) / root
+    weights = jnp.asarray([0.5] + [1.0] * (len(_K_NODES) - 1), x.dtype)
+    return _K_STEP * jnp.sum(integrand * weights, axis=-1)
+
+
+def _k_series(x, order):
+    """K_0, K_1 near the origin (DLMF 10.31.1)."""
+    log_half = jnp.log(x / 2)
+    if order == 0:
+        return -(log_half + _EULER_GAMMA) * _bessel_series(x, 0, False) + _bessel_series(x, 0, False, _harmonic)
+    return 1 / x + log_half * _bessel_series(x, 1, False) - _bessel_series(x, 1, False, _digamma_pair) / 2
+
+
+def _modified_k(x, order, scaled):
+    small = x <= _K_SERIES_LIMIT
+    near = jnp.where(small & (x > 0), x, 1)
+    far = jnp.where(small | (x == jnp.inf), _K_SERIES_LIMIT + 1, x)
+    series = _k_series(near, order) * (jnp.exp(near) if scaled else 1)
+    integral = _scaled_k_integral(far, order) * (1 if scaled else jnp.exp(-far))
+    value = jnp.where(small, series, jnp.where(x == jnp.inf, 0, integral))
+    return _positive_only(x, value, jnp.inf)
+
+
+for _order, _scaled, _op in [
+    (0, False, aten.special_modified_bessel_k0),
+    (1, False, aten.special_modified_bessel_k1),
+    (0, True, aten.special_scaled_modified_bessel_k0),
+    (1, True, aten.special_scaled_modified_bessel_k1),
+]:
+    _float_op(_op)(lambda x, order=_order, scaled=_scaled: _modified_k(x, order, scaled))
+
+_AIRY_AI_0 = 0.355028053887817239  # Ai(0)
+_AIRY_AIP_0 = 0.258819403792806798  # -Ai'(0)
+_AIRY_SERIES_RANGE = (-4.0, 2.0)
+_AIRY_SERIES_TERMS = 16
+_AIRY_ASYMPTOTIC_TERMS = 12
+
+
+def _airy_maclaurin(x):
+    """Ai(x) near the origin: Ai(0) f(x) + Ai'(0) g(x), the two power series of Airy's equation."""
+    cube = x * x * x
+    f_term, g_term = jnp.ones_like(x), x
+    f, g = f_term, g_term
+    for k in range(_AIRY_SERIES_TERMS):
+        f_term = f_term * cube / ((3 * k + 2) * (3 * k + 3))
+        g_term = g_term * cube / ((3 * k + 3) * (3 * k + 4))
+        f, g = f + f_term, g + g_term
+    return _AIRY_AI_0 * f - _AIRY_AIP_0 * g
+
+
+def _airy_oscillating(z):
+    """Ai(-z) for large z > 0 (DLMF 9.7.9)."""
+    zeta = 2 / 3 * z**1.5
+    p = q = 0
+    for k in range(_AIRY_ASYMPTOTIC_TERMS):
+        u = math.exp(math.lgamma(3 * k + 0.5) - k * math.log(54) - math.lgamma(k + 1) - math.lgamma(k + 0.5))
+        term = (-1) ** (k // 2) * u / zeta**k
+        if k % 2 == 0:
+            p = p + term
+        else:
+            q = q + term
+    phase = zeta + math.pi / 4
+    return (jnp.sin(phase) * p - jnp.cos(phase) * q) / (math.sqrt(math.pi) * z**0.25)
+
+
+def _airy_decaying(x):
+    """Ai(x) for x > 0 away from the origin, from K_1/3 (DLMF 9.6.1)."""
+    zeta = 2 / 3 * x**1.5
+    return jnp.sqrt(x / 3) / math.pi * jnp.exp(-zeta) * _scaled_k_integral(zeta, 1 / 3)
+
+
+@_float_op(aten.special_airy_ai)
+def airy_ai(x):
+    low, high = _AIRY_SERIES_RANGE
+    middle = (x >= low) & (x <= high)
+    value = jnp.where(
+        middle,
+        _airy_maclaurin(jnp.where(middle, x, 0)),
+        jnp.where(x < low, _airy_oscillating(jnp.where(x < low, -x, -low)), _airy_decaying(jnp.where(x > high, x, high))),
+    )
+    return jnp.where(jnp.isfinite(x), value, jnp.nan)
+
+
+# --- orthogonal polynomials -------------------------------------------------------------
+
+
+def _degree(n):
+    """PyTorch casts the degree to int64; non-finite degrees become negative, whose value is 0."""
+    return jnp.where(jnp.isfinite(n), jnp.trunc(n), -1).astype(jnp.int64)
+
+
+def _recurrence(x, n, first, step, needed):
+    """p_n of p_0 = 1, p_1 = first, p_k = step(k, p_(k-1), p_(k-2)), for n >= 0 where `needed`;
+    the loop runs to the largest needed degree, and stops early once every value is nan."""
+    shape = jnp.broadcast_shapes(x.shape, n.shape)
+    n = jnp.broadcast_to(n, shape)
+    top = jnp.max(jnp.where(needed, n, 0), initial=0)
+
+    def cond(state):
+        k, _, q = state
+        return (k <= top) & jnp.any((k <= n) & ~jnp.isnan(q))
+
+    def body(state):
+        k, p, q = state
+        active = k <= n
+        r = step(k.astype(x.dtype), q, p)
+        return k + 1, jnp.where(active, q, p), jnp.where(active, r, q)
+
+    start = (jnp.asarray(2, n.dtype), jnp.ones(shape, x.dtype), jnp.broadcast_to(first, shape).astype(x.dtype))
+    _, _, q = lax.while_loop(cond, body, start)
+    return jnp.where(n == 0, 1, q).astype(x.dtype)
+
+
+def _polynomial(fn):
+    """Lift fn(x, n) (x float, n an int64 degree) to a lowering: promoted inputs, 0 for n < 0."""
+
+    def lowering(x, n):
+        (x, n), result = promote(x, n, kind=INT_TO_FLOAT)
+        degree = _degree(n)
+        return jnp.where(degree < 0, 0, fn(x, degree)).astype(result)
+
+    return lowering
+
+
+def _chebyshev_recurrence(x, n, first, needed):
+    return _recurrence(x, n, first, lambda k, q, p: (x + x) * q - p, needed)
+
+
+def _chebyshev_t(x, n, trig_from):
+    trig = (n > trig_from) & (jnp.abs(x) < 1)
+    ends = jnp.where((x > 0) | (n % 2 == 0), 1, -1)
+    value = jnp.where(trig, jnp.cos(n * jnp.arccos(jnp.clip(x, -1, 1))), _chebyshev_recurrence(x, n, x, ~trig))
+    return jnp.where(jnp.abs(x) == 1, ends, value)
+
+
+def _chebyshev_u(x, n, trig_from):
+    trig = (n > trig_from) & (jnp.abs(x) < 1)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    sin_theta = jnp.sin(theta)
+    safe_sin = jnp.where(sin_theta == 0, 1, sin_theta)
+    closed = jnp.where(
+        sin_theta != 0, jnp.sin((n + 1) * theta) / safe_sin, (n + 1) * jnp.cos((n + 1) * theta) / jnp.where(x == 0, 1, x)
+    )
+    ends = jnp.where((x > 0) | (n % 2 == 0), n + 1, -(n + 1))
+    value = jnp.where(trig, closed, _chebyshev_recurrence(x, n, x + x, ~trig))
+    return jnp.where(jnp.abs(x) == 1, ends, value)
+
+
+def _chebyshev_v(x, n, trig_from):
+    trig = (n > trig_from) & (jnp.abs(x) < 1)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    closed = jnp.cos((n + 0.5) * theta) / jnp.cos(theta / 2)
+    odd_end = jnp.where(n % 2 == 0, n + n + 1, -(n + n + 1))
+    ends = jnp.where(x > 0, 1, odd_end)
+    value = jnp.where(trig, closed, _chebyshev_recurrence(x, n, x + x - 1, ~trig))
+    return jnp.where(jnp.abs(x) == 1, ends, value)
+
+
+def _chebyshev_w(x, n, trig_from):
+    trig = (n > trig_from) & (jnp.abs(x) < 1)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    half_sin = jnp.sin(theta / 2)
+    closed = jnp.where(half_sin != 0, jnp.sin((n + 0.5) * theta) / jnp.where(half_sin == 0, 1, half_sin), n + n + 1)
+    ends = jnp.where(x > 0, n + n + 1, jnp.where(n % 2 == 0, 1, -1))
+    value = jnp.where(trig, closed, _chebyshev_recurrence(x, n, x + x + 1, ~trig))
+    return jnp.where(jnp.abs(x) == 1, ends, value)
+
+
+# (function, degree above which |x| < 1 uses the trigonometric form, and the same for the
+# shifted polynomial of x, which is the polynomial of 2x - 1)
+for _fn, _trig_from, _shifted_trig_from, _op, _shifted_op in [
+    (_chebyshev_t, 6, 6, aten.special_chebyshev_polynomial_t, aten.special_shifted_chebyshev_polynomial_t),
+    (_chebyshev_u, 8, 6, aten.special_chebyshev_polynomial_u, aten.special_shifted_chebyshev_polynomial_u),
+    (_chebyshev_v, 8, 6, aten.special_chebyshev_polynomial_v, aten.special_shifted_chebyshev_polynomial_v),
+    (_chebyshev_w, 8, 4, aten.special_chebyshev_polynomial_w, aten.special_shifted_chebyshev_polynomial_w),
+]:
+    lower(_op)(_polynomial(lambda x, n, fn=_fn, t=_trig_from: fn(x, n, t)))
+    lower(_shifted_op)(_polynomial(lambda x, n, fn=_fn, t=_shifted_trig_from: fn(x + x - 1, n, t)))
+
+
+def _hermite_limit(x):
+    return 128 if x.dtype == jnp.float32 else 512
+
+
+@lower(aten.special_hermite_polynomial_h)
+@_polynomial
+def hermite_polynomial_h(x, n):
+    limit = n <= _hermite_limit(x)
+    value = _recurrence(x, n, x + x, lambda k, q, p: (x + x) * q - 2 * (k - 1) * p, limit)
+    return jnp.where(limit, value, jnp.nan)
+
+
+@lower(aten.special_hermite_polynomial_he)
+@_polynomial
+def hermite_polynomial_he(x, n):
+    limit = n <= _hermite_limit(x)
+    value = _recurrence(x, n, x, lambda k, q, p: x * q - (k - 1) * p, limit)
+    return jnp.where(limit, value, jnp.nan)
+
+
+@lower(aten.special_laguerre_polynomial_l)
+@_polynomial
+def laguerre_polynomial_l(x, n):
+    value = _recurrence(x, n, 1 - x, lambda k, q, p: ((2 * k - 1 - x) * q - (k - 1) * p) / k, x != 0)
+    return jnp.where(x == 0, 1, value)
+
+
+@lower(aten.special_legendre_polynomial_p)
+@_polynomial
+def legendre_polynomial_p(x, n):
+    value = _recurrence(x, n, x, lambda k, q, p: ((2 * k - 1) * x * q - (k - 1) * p) / k, jnp.abs(x) != 1)
+    ends = jnp.where((x > 0) | (n % 2 == 0), 1, -1)
+    return jnp.where(jnp.abs(x) == 1, ends, value)
