@@ -142,6 +142,16 @@ def _solve_is_vector(a, b):
     return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
 
 
+def _solve_ex_out_meta(a, b, *, left=True, check_errors=False, result, LU, pivots, info):
+    """PyTorch's meta kernel resizes the out tensors but returns new ones."""
+    outs = dict(result=result, LU=LU, pivots=pivots, info=info)
+    aten._linalg_solve_ex.result(a, b, left=left, check_errors=check_errors, **outs)
+    return tuple(outs.values())
+
+
+registry.META[aten._linalg_solve_ex.result] = _solve_ex_out_meta
+
+
 @lower(aten._linalg_solve_ex)
 def solve_ex(a, b, *, left=True, check_errors=False):
     vector = _solve_is_vector(a, b)
