@@ -9,8 +9,8 @@ import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
-from .checks import require
 from . import registry
+from .checks import require
 from .registry import lower
 
 aten = torch.ops.aten
@@ -112,7 +112,8 @@ def lu_solve(lu, pivots, b, *, left=True, adjoint=False):
     return _lu_solve(lu, pivots, b, left, adjoint)
 
 
-def _unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+@lower(aten.lu_unpack)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     m, n = lu.shape[-2:]
     k = min(m, n)
     if unpack_pivots:
@@ -127,15 +128,10 @@ def _unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     return p, lower_part, jnp.triu(lu[..., :k, :])
 
 
-@lower(aten.lu_unpack)
-def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
-    return _unpack(lu, pivots, unpack_data, unpack_pivots)
-
-
 @lower(aten.linalg_lu)
 def linalg_lu(a, *, pivot=True):
     lu, pivots, _ = _lu(a)
-    return _unpack(lu, pivots)
+    return lu_unpack(lu, pivots)
 
 
 def _solve_is_vector(a, b):
@@ -306,8 +302,7 @@ def ormqr(a, tau, other, left=True, transpose=False):
 def svd(a, full_matrices=False, compute_uv=True, driver=None):
     if not compute_uv:
         return _empty(a.dtype), lax.linalg.svd(a, compute_uv=False), _empty(a.dtype)
-    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices)
-    return u, s, vh
+    return tuple(lax.linalg.svd(a, full_matrices=full_matrices))
 
 
 @lower(aten._linalg_eigh)
@@ -318,12 +313,13 @@ def eigh(a, UPLO="L", compute_v=True):
 
 @lower(aten.linalg_eig)
 def eig(a):
-    values, vectors = lax.linalg.eig(a, compute_left_eigenvectors=False)
-    return values, vectors
+    return tuple(lax.linalg.eig(a, compute_left_eigenvectors=False))
 
 
 @lower(aten.linalg_matrix_exp)
 def matrix_exp(a):
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # expm takes no half precision; PyTorch's CPU kernel does
+        return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jsl.expm(a)
 
 
@@ -362,7 +358,7 @@ def _check_lstsq(a, b, driver):
     torch._check(
         a.dtype == b.dtype,
         lambda: f"{name}: Expected input and other to have the same dtype, but got input's dtype "
-        f"{str(to_torch(a.dtype)).split('.')[1].capitalize()} and other's dtype {str(to_torch(b.dtype)).split('.')[1].capitalize()}",
+        f"{to_torch(a.dtype)} and other's dtype {to_torch(b.dtype)}",
     )
     torch._check(jnp.issubdtype(a.dtype, jnp.inexact), lambda: "This function doesn't handle types other than float and double")
     torch._check(
