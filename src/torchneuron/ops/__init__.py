@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration side effects)
     fft,
     indexing,
     linalg,
+    linalg_factorizations,
     nn,
     optim,
     random,

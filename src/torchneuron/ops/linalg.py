@@ -39,7 +39,9 @@ def _scaled_sum(x, product, beta, alpha):
     if _is_zero(beta):
         return product
     x = x if _is_one(beta) else x * cast(beta, x.dtype)
-    return (x + product).astype(product.dtype)
+    out = (x + product).astype(product.dtype)
+    # beta == 0 ignores the input, nan and inf included (a traced beta is only known on device)
+    return out if isinstance(beta, (int, float)) else jnp.where(beta == 0, product, out)
 
 
 def _is_one(value) -> bool:
@@ -69,18 +71,6 @@ def addr(x, a, b, *, beta=1, alpha=1):
 def outer(a, b):
     (a, b), result = promote(a, b)
     return jnp.outer(a, b).astype(result)
-
-
-@lower(aten.linalg_inv_ex)
-def inv_ex(a, *, check_errors=False):
-    return jnp.linalg.inv(a), jnp.zeros(a.shape[:-2], jnp.int32)
-
-
-@lower(aten.linalg_cholesky_ex)
-def cholesky_ex(a, *, upper=False, check_errors=False):
-    lower_factor = jnp.linalg.cholesky(a)
-    out = jnp.swapaxes(lower_factor, -1, -2).conj() if upper else lower_factor
-    return out, jnp.zeros(a.shape[:-2], jnp.int32)
 
 
 def _group_masks(offs, n, dtype):
@@ -113,40 +103,3 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     else:  # columns of `b` in groups, each times its group's matrix of `a`
         out = product("gmk,kn,gn->mn", a, b, _group_masks(offs, b.shape[1], a.dtype))
     return out.astype(a.dtype)
-
-
-@lower(aten._linalg_check_errors)
-def linalg_check_errors(info, api_name, *, is_matrix):
-    # our factorizations report no errors (check_errors=False semantics); nothing to check on device
-    return None
-
-
-@lower(aten.cholesky)
-def cholesky(a, upper=False):
-    return cholesky_ex(a, upper=upper)[0]
-
-
-@lower(aten.linalg_qr)
-def qr(a, mode="reduced"):
-    if mode == "r":  # PyTorch returns an empty Q in this mode
-        return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
-    return jnp.linalg.qr(a, mode=mode)
-
-
-def _cholesky_factor(factor, upper):
-    return (jnp.swapaxes(factor, -1, -2).conj() if upper else factor), True
-
-
-@lower(aten.cholesky_solve)
-def cholesky_solve(b, factor, upper=False):
-    import jax.scipy.linalg as sla
-
-    return sla.cho_solve(_cholesky_factor(factor, upper), b)
-
-
-@lower(aten.cholesky_inverse)
-def cholesky_inverse(factor, upper=False):
-    import jax.scipy.linalg as sla
-
-    identity = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
-    return sla.cho_solve(_cholesky_factor(factor, upper), identity)

@@ -1,0 +1,403 @@
+"""Matrix factorizations and the solvers built on them, in the LAPACK conventions PyTorch returns.
+
+PyTorch's pivots are LAPACK's: 1-based int32 row interchanges; info tensors are int32, 0 on
+success and LAPACK's positive code otherwise (read by `_linalg_check_errors`). Gradients come
+from PyTorch's own formulas, which call these same ops.
+"""
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import torch
+from jax import lax
+
+from . import registry
+from .checks import require
+from .registry import lower
+
+aten = torch.ops.aten
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return _mT(x).conj()
+
+
+def _empty(dtype):
+    """PyTorch's placeholder for an output a mode does not compute."""
+    return jnp.zeros((0,), dtype)
+
+
+def _real_dtype(x):
+    return jnp.finfo(x.dtype).dtype
+
+
+def _broadcast_batch(a, b):
+    """Both matrices (or stacks) expanded to their common batch shape."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _first_index(mask):
+    """LAPACK's info: the 1-based position of the first True along the last axis, 0 where there is none."""
+    n = mask.shape[-1]
+    first = jnp.min(jnp.where(mask, jnp.arange(1, n + 1, dtype=jnp.int32), n + 1), axis=-1, initial=n + 1)
+    return jnp.where(first > n, 0, first)
+
+
+# ---------------------------------------------------------------- errors
+
+# PyTorch's messages, less the data-dependent batch index and error code (the check runs on device)
+_CHECK_MESSAGES = (
+    ("inv", "The diagonal element is zero, the inversion could not be completed because the input matrix is singular."),
+    ("solve", "The solver failed because the input matrix is singular."),
+    ("cholesky", "The factorization could not be completed because the input is not positive-definite."),
+    ("svd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated singular values."),
+    ("eig", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues."),
+    ("lstsq", "The least squares solution could not be computed because the input matrix does not have full rank."),
+    ("lu_factor", "U is singular (a zero on its diagonal) and using it on lu_solve would result in a division by zero."),
+)
+
+
+@lower(aten._linalg_check_errors)
+def linalg_check_errors(info, api_name, *, is_matrix):
+    message = next((m for key, m in _CHECK_MESSAGES if key in api_name), "Unknown error code.")
+    error = RuntimeError if "lu_factor" in api_name else torch.linalg.LinAlgError
+    require(info == 0, error, f"{api_name}: {message}")
+
+
+# ---------------------------------------------------------------- LU and its solvers
+
+
+def _lu(a):
+    """LU with partial pivoting: the packed factors, 1-based pivots, getrf's info."""
+    lu, pivots, _ = lax.linalg.lu(a)
+    return lu, pivots + 1, _first_index(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0)
+
+
+def _permutation(pivots, m):
+    """The row order LAPACK's interchanges produce: A[perm] = L @ U."""
+    return lax.linalg.lu_pivots_to_permutation(pivots - 1, m)
+
+
+def _lu_solve_left(lu, pivots, b, adjoint):
+    """Solves A X = B (A^H X = B when `adjoint`) for A = P L U given as getrf returns it."""
+    lu, b = _broadcast_batch(lu, b)
+    perm = jnp.broadcast_to(_permutation(pivots, lu.shape[-1]), b.shape[:-1])
+    solve = dict(left_side=True, transpose_a=adjoint, conjugate_a=adjoint)
+    if not adjoint:  # L U X = P^T B
+        y = jnp.take_along_axis(b, perm[..., None], axis=-2)
+        y = lax.linalg.triangular_solve(lu, y, lower=True, unit_diagonal=True, **solve)
+        return lax.linalg.triangular_solve(lu, y, lower=False, **solve)
+    y = lax.linalg.triangular_solve(lu, b, lower=False, **solve)  # U^H L^H (P^T X) = B
+    y = lax.linalg.triangular_solve(lu, y, lower=True, unit_diagonal=True, **solve)
+    return jnp.take_along_axis(y, jnp.argsort(perm, axis=-1)[..., None], axis=-2)  # X[perm] = P^T X
+
+
+def _lu_solve(lu, pivots, b, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, pivots, b, adjoint)
+    # X A = B  <=>  A^H X^H = B^H
+    return _mH(_lu_solve_left(lu, pivots, _mH(b), not adjoint))
+
+
+@lower(aten.linalg_lu_factor_ex)
+def lu_factor_ex(a, *, pivot=True, check_errors=False):
+    return _lu(a)
+
+
+@lower(aten.linalg_lu_solve)
+def lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    return _lu_solve(lu, pivots, b, left, adjoint)
+
+
+@lower(aten.lu_unpack)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    if unpack_pivots:
+        perm = _permutation(pivots, m)
+        # A = P L U with A[perm] = L U: column i of P is the unit vector e_perm[i]
+        p = (perm[..., None, :] == jnp.arange(m)[:, None]).astype(lu.dtype)
+    else:
+        p = _empty(lu.dtype)
+    if not unpack_data:
+        return p, _empty(lu.dtype), _empty(lu.dtype)
+    lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    return p, lower_part, jnp.triu(lu[..., :k, :])
+
+
+@lower(aten.linalg_lu)
+def linalg_lu(a, *, pivot=True):
+    lu, pivots, _ = _lu(a)
+    return lu_unpack(lu, pivots)
+
+
+def _solve_is_vector(a, b):
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+def _solve_ex_out_meta(a, b, *, left=True, check_errors=False, result, LU, pivots, info):
+    """PyTorch's meta kernel resizes the out tensors but returns new ones."""
+    outs = dict(result=result, LU=LU, pivots=pivots, info=info)
+    aten._linalg_solve_ex.result(a, b, left=left, check_errors=check_errors, **outs)
+    return tuple(outs.values())
+
+
+registry.META[aten._linalg_solve_ex.result] = _solve_ex_out_meta
+
+
+@lower(aten._linalg_solve_ex)
+def solve_ex(a, b, *, left=True, check_errors=False):
+    vector = _solve_is_vector(a, b)
+    b = b[..., None] if vector else b
+    lu, pivots, info = _lu(a)
+    x = _lu_solve(lu, pivots, b, left)
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+@lower(aten.linalg_inv_ex)
+def inv_ex(a, *, check_errors=False):
+    lu, pivots, info = _lu(a)
+    identity = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _lu_solve(lu, pivots, identity), info
+
+
+def _permutation_sign(pivots, dtype):
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), axis=-1)
+    return jnp.where(swaps % 2 == 0, 1, -1).astype(dtype)
+
+
+def _determinant_lu(a):
+    """The LU the CPU's det and slogdet return: of A^T for real A (det(A^T) = det(A)).
+
+    Their backward formulas solve with it as an LU of A^T when A is contiguous and real, of A
+    otherwise; a lowering does not see strides, so this assumes contiguous A, as tensors usually are.
+    """
+    lu, pivots, _ = _lu(a if jnp.iscomplexobj(a) else _mT(a))
+    return lu, pivots, jnp.diagonal(lu, axis1=-2, axis2=-1)
+
+
+@lower(aten._linalg_det)
+def det(a):
+    lu, pivots, diagonal = _determinant_lu(a)
+    return _permutation_sign(pivots, a.dtype) * jnp.prod(diagonal, axis=-1), lu, pivots
+
+
+@lower(aten._linalg_slogdet)
+def slogdet(a):
+    lu, pivots, diagonal = _determinant_lu(a)
+    sign = _permutation_sign(pivots, a.dtype) * jnp.prod(jnp.sign(diagonal), axis=-1)
+    return sign, jnp.sum(jnp.log(jnp.abs(diagonal)), axis=-1), lu, pivots
+
+
+# ---------------------------------------------------------------- triangular solvers
+
+
+def _triangular(a, b, upper, left=True, unitriangular=False, transpose=False):
+    a, b = _broadcast_batch(a, b)
+    x = lax.linalg.triangular_solve(
+        a, b, left_side=left, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
+    return x, a
+
+
+@lower(aten.linalg_solve_triangular)
+def solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    return _triangular(a, b, upper, left, unitriangular)[0]
+
+
+@lower(aten.triangular_solve)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    return _triangular(a, b, upper, unitriangular=unitriangular, transpose=transpose)
+
+
+# ---------------------------------------------------------------- Cholesky
+
+
+def _cholesky_info(factor):
+    """potrf's info (the order of the first leading minor that is not positive-definite), 0 on success."""
+    return _first_index(jnp.isnan(jnp.diagonal(factor, axis1=-2, axis2=-1).real))
+
+
+@lower(aten.linalg_cholesky_ex)
+def cholesky_ex(a, *, upper=False, check_errors=False):
+    lower_factor = lax.linalg.cholesky(a, symmetrize_input=False)
+    return (_mH(lower_factor) if upper else lower_factor), _cholesky_info(lower_factor)
+
+
+@lower(aten.cholesky)
+def cholesky(a, upper=False):
+    return cholesky_ex(a, upper=upper)[0]
+
+
+def _cholesky_factor(factor, upper):
+    return (_mH(factor) if upper else factor), True
+
+
+@lower(aten.cholesky_solve)
+def cholesky_solve(b, factor, upper=False):
+    b, factor = _broadcast_batch(b, factor)
+    return jsl.cho_solve(_cholesky_factor(factor, upper), b)
+
+
+@lower(aten.cholesky_inverse)
+def cholesky_inverse(factor, upper=False):
+    identity = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return jsl.cho_solve(_cholesky_factor(factor, upper), identity)
+
+
+# ---------------------------------------------------------------- QR and Householder reflectors
+
+
+@lower(aten.linalg_qr)
+def qr(a, mode="reduced"):
+    if mode == "r":
+        return _empty(a.dtype), jnp.linalg.qr(a, mode="r")
+    return jnp.linalg.qr(a, mode=mode)
+
+
+def _geqrf_meta(a):
+    """PyTorch registers no meta kernel for geqrf: the packed factors column-major, as LAPACK writes them."""
+    from torch._prims_common import make_contiguous_strides_for
+
+    torch._check(a.ndim >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    packed = torch.empty_strided(a.shape, make_contiguous_strides_for(a.shape, row_major=False), dtype=a.dtype, device=a.device)
+    return packed, a.new_empty((*a.shape[:-2], min(a.shape[-2:])))
+
+
+def _geqrf_out_meta(input, *, a, tau):
+    from torch._prims_common.wrappers import _maybe_resize_out
+
+    for out, result in zip((a, tau), _geqrf_meta(input)):
+        _maybe_resize_out(out, result.shape)
+    return a, tau
+
+
+registry.META[aten.geqrf.a] = _geqrf_out_meta
+
+
+@lower(aten.geqrf, meta=_geqrf_meta)
+def geqrf(a):
+    from jax._src.lax.linalg import geqrf as lapack_geqrf  # not exported by jax.lax.linalg
+
+    return lapack_geqrf(a)
+
+
+@lower(aten.linalg_householder_product)
+def householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
+
+
+@lower(aten.ormqr)
+def ormqr(a, tau, other, left=True, transpose=False):
+    return lax.linalg.ormqr(a, tau, other, left=left, transpose=transpose)
+
+
+# ---------------------------------------------------------------- spectral
+
+
+@lower(aten._linalg_svd)
+def svd(a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        return _empty(a.dtype), lax.linalg.svd(a, compute_uv=False), _empty(a.dtype)
+    return tuple(lax.linalg.svd(a, full_matrices=full_matrices))
+
+
+@lower(aten._linalg_eigh)
+def eigh(a, UPLO="L", compute_v=True):
+    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    return values, (vectors if compute_v else _empty(a.dtype))
+
+
+@lower(aten.linalg_eig)
+def eig(a):
+    return tuple(lax.linalg.eig(a, compute_left_eigenvectors=False))
+
+
+@lower(aten.linalg_matrix_exp)
+def matrix_exp(a):
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # expm takes no half precision; PyTorch's CPU kernel does
+        return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
+    return jsl.expm(a)
+
+
+@lower(aten.linalg_pinv.atol_rtol_tensor)
+def pinv(a, *, atol=None, rtol=None, hermitian=False):
+    real = _real_dtype(a)
+    if rtol is None:
+        default = jnp.finfo(real).eps * max(a.shape[-2:])
+        rtol = default if atol is None else jnp.where(atol > 0, 0, default)
+    atol = 0 if atol is None else atol
+    if hermitian:
+        values, vectors = eigh(a)
+        magnitude = jnp.abs(values)
+        largest = magnitude.max(-1, keepdims=True, initial=0)
+        tolerance = jnp.maximum(jnp.asarray(atol)[..., None], jnp.asarray(rtol)[..., None] * largest)
+        inverse = jnp.where(magnitude > tolerance, 1 / values, 0).astype(a.dtype)
+        return jnp.matmul(vectors * inverse[..., None, :], _mH(vectors))
+    u, s, vh = svd(a)
+    tolerance = jnp.maximum(jnp.asarray(atol)[..., None], jnp.asarray(rtol)[..., None] * s[..., :1])
+    inverse = jnp.where(s > tolerance, 1 / s, 0).astype(a.dtype)
+    return jnp.matmul(_mH(vh) * inverse[..., None, :], _mH(u))
+
+
+# ---------------------------------------------------------------- least squares
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _check_lstsq(a, b, driver):
+    """PyTorch's argument checks (linalg_lstsq has no meta kernel)."""
+    from ..runtime.dtypes import to_torch
+
+    name = "torch.linalg.lstsq"
+    torch._check(a.ndim >= 2, lambda: f"{name}: input must have at least 2 dimensions.")
+    torch._check(b.ndim >= 1, lambda: f"{name}: other must have at least 1 dimension.")
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: f"{name}: Expected input and other to have the same dtype, but got input's dtype "
+        f"{to_torch(a.dtype)} and other's dtype {to_torch(b.dtype)}",
+    )
+    torch._check(jnp.issubdtype(a.dtype, jnp.inexact), lambda: "This function doesn't handle types other than float and double")
+    torch._check(
+        0 <= a.ndim - b.ndim <= 1,
+        lambda: f"{name}: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1",
+    )
+    vector = a.ndim == b.ndim + 1
+    torch._check(
+        a.shape[-2] == b.shape[-1 if vector else -2],
+        lambda: f"{name}: input.size(-2) should match other.size({-1 if vector else -2})",
+    )
+    torch._check(driver in _LSTSQ_DRIVERS, lambda: f"{name}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+
+
+# whether the residuals exist depends on the rank found: eager runs this on concrete arrays
+@lower(aten.linalg_lstsq, dynamic_shape=True)
+def lstsq(a, b, rcond=None, *, driver=None):
+    """The minimum-norm solution through the SVD, with the outputs each LAPACK driver reports."""
+    driver = driver or "gelsy"
+    _check_lstsq(a, b, driver)
+    vector = a.ndim == b.ndim + 1
+    a, b = _broadcast_batch(a, b[..., None] if vector else b)
+    m, n = a.shape[-2:]
+    real = _real_dtype(a)
+    if rcond is None:
+        rcond = jnp.finfo(real).eps * max(m, n)
+    u, s, vh = lax.linalg.svd(a, full_matrices=False)
+    kept = s > rcond * s[..., :1]
+    inverse = jnp.where(kept, 1 / s, 0).astype(a.dtype)
+    x = jnp.matmul(_mH(vh), inverse[..., None] * jnp.matmul(_mH(u), b))
+    rank = kept.sum(-1, dtype=jnp.int64)
+    full_rank = driver == "gels" or bool(jnp.all(rank == n))
+    if m > n and driver != "gelsy" and full_rank:
+        residuals = jnp.sum(jnp.abs(jnp.matmul(a, x) - b) ** 2, axis=-2).astype(real)
+    else:
+        residuals = _empty(real)
+    return (
+        x[..., 0] if vector else x,
+        residuals,
+        _empty(jnp.int64) if driver == "gels" else rank,
+        s if driver in ("gelsd", "gelss") else _empty(real),
+    )
