@@ -240,3 +240,14 @@ def lazy_bit_view(func, args, kwargs):
     materialise them (the result no longer aliases its input)."""
     x = args[0]
     return aten._conj_physical.default(x) if func is aten._conj.default else aten.neg.default(x)
+
+
+@handles(aten._linalg_det.default, aten._linalg_slogdet.default)
+def determinant(func, args, kwargs):
+    """PyTorch factors a real contiguous A through A^T (LAPACK's column-major view of it) and any other A
+    directly, and det/slogdet's backward reads the LU factors it returns accordingly. The lowering always
+    factors A^T; for the other layouts it is handed A^T (contiguous), whose transpose is A."""
+    matrix = args[0]
+    if not matrix.is_complex() and not matrix.is_contiguous():
+        matrix = matrix.mT.contiguous()
+    return _computation(func)(func, (matrix, *args[1:]), kwargs)
