@@ -54,7 +54,8 @@ def _choose_handler(func):
         return special.data_dependent
     if torch.Tag.inplace_view in func.tags:
         return views.inplace_view
-    if _returns_view(func) and not registry.is_mutating(func):
+    if (_returns_view(func) or func is torch.ops.aten._unsafe_view.default) and not registry.is_mutating(func):
+        # _unsafe_view does alias its input (only autograd's view tracking is skipped): kron's out= writes through it
         return views.view
     target = registry.functional_variant(func) if registry.is_mutating(func) else func
     if target is None or lowering_for(target) is None:
