@@ -38,12 +38,30 @@ def index_put(x, indices, values, accumulate=False):
     return x.at[key].add(values) if accumulate else x.at[key].set(values)
 
 
+def _vector_if_scalar(fn):
+    """PyTorch's index_* ops treat a 0-dim self (and its 0-dim source) as a one-element vector."""
+
+    def lowering(x, dim, index, *rest, **kwargs):
+        index = index.reshape(-1)
+        if x.ndim:
+            return fn(x, _dim(x, dim), index, *rest, **kwargs)
+        rest = [r.reshape(-1) if hasattr(r, "ndim") else r for r in rest]
+        return fn(x.reshape(1), 0, index, *rest, **kwargs).reshape(())
+
+    return lowering
+
+
+def _along_dim(x, dim, index):
+    checks.index_in_range(index, x.shape[dim])
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    return tuple(key)
+
+
 @lower(aten.index_select)
+@_vector_if_scalar
 def index_select(x, dim, index):
-    if x.ndim == 0:
-        return x
-    checks.index_in_range(index, x.shape[_dim(x, dim)])
-    return jnp.take(x, index, axis=_dim(x, dim))
+    return x[_along_dim(x, dim, index)]
 
 
 def _along(x, dim, index):
@@ -61,8 +79,8 @@ def _check_along(x, dim, index):
 @lower(aten.gather)
 def gather(x, dim, index, *, sparse_grad=False):
     _check_along(x, dim, index)
-    if x.ndim == 0:
-        return x.reshape(index.shape)
+    if x.ndim == 0 or index.size == 0:  # PyTorch does not require matching ranks then
+        return jnp.broadcast_to(x.reshape(-1)[0] if x.size else jnp.zeros((), x.dtype), index.shape)
     return x[_along(x, dim, index)]
 
 
@@ -110,28 +128,22 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
 
 
 @lower(aten.index_add)
+@_vector_if_scalar
 def index_add(x, dim, index, source, *, alpha=1):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
     source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)
-    return x.at[tuple(key)].add(source.astype(x.dtype))
+    return x.at[_along_dim(x, dim, index)].add(source.astype(x.dtype))
 
 
 @lower(aten.index_copy)
+@_vector_if_scalar
 def index_copy(x, dim, index, source):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
-    return x.at[tuple(key)].set(source.astype(x.dtype))
+    return x.at[_along_dim(x, dim, index)].set(source.astype(x.dtype))
 
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@_vector_if_scalar
 def index_fill(x, dim, index, value):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
-    return x.at[tuple(key)].set(cast(value, x.dtype)) if x.ndim else jnp.full_like(x, value)
+    return x.at[_along_dim(x, dim, index)].set(cast(value, x.dtype))
 
 
 @lower(aten.nonzero, dynamic_shape=True)
