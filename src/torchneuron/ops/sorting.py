@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lower
+from .registry import checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -135,7 +135,12 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
     return found.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
-@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _check_boundaries(values, boundaries, **kwargs):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar, meta=checked_meta(_check_boundaries, aten.bucketize))
 def bucketize(values, boundaries, *, out_int32=False, right=False):
     return searchsorted(boundaries, values, out_int32=out_int32, right=right)
 
