@@ -111,6 +111,8 @@ def _reduce_into(x, key, values, reduce, include_self):
     at = x.at[key]
     if reduce == "set":
         return at.set(values)
+    if x.dtype == jnp.bool_ and reduce in ("sum", "prod"):  # boolean addition is `or`, multiplication `and`
+        reduce = "amax" if reduce == "sum" else "amin"
     if reduce in ("sum", "mean"):
         sums = (x if include_self else at.set(0)).at[key].add(values)
         if reduce == "sum":
@@ -177,7 +179,7 @@ def _index_reduce(x, dim, index, source, reduce, include_self):
 @_vector_if_scalar
 def index_add(x, dim, index, source, *, alpha=1):
     source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)
-    return x.at[_along_dim(x, dim, index)].add(source.astype(x.dtype))
+    return _reduce_into(x, _along_dim(x, dim, index), source, "sum", True)
 
 
 @lower(aten.index_copy)
@@ -212,9 +214,8 @@ def take(x, index):
 @lower(aten.put)
 def put(x, index, source, accumulate=False):
     checks.index_in_range(index, x.size, message=f"out of range: tried to access index out of bounds on a tensor of {x.size} elements.")
-    at = x.reshape(-1).at[index.reshape(-1)]
-    values = source.reshape(-1).astype(x.dtype)
-    return (at.add(values) if accumulate else at.set(values)).reshape(x.shape)
+    flat = _reduce_into(x.reshape(-1), index.reshape(-1), source.reshape(-1), "sum" if accumulate else "set", True)
+    return flat.reshape(x.shape)
 
 
 def _masked_scatter_meta(op):
