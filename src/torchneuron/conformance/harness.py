@@ -346,6 +346,8 @@ def _forward(op, dtype, limit):
 def _expect_error(cpu_error, on_neuron):
     try:
         on_neuron()
+        # device-side checks (index ranges) report at synchronisation, as CUDA's device asserts do
+        torch.neuron.synchronize()
     except Exception as error:  # noqa: BLE001
         if isinstance(error, type(cpu_error)) and _status(error) != FALLBACK:
             return

@@ -180,7 +180,10 @@ def from_array(array, device_index: int) -> NeuronTensor:
 
 def data_dependent(func, args, kwargs):
     """Ops whose output shape depends on the data: run the lowering on concrete arrays."""
-    from ..ops.registry import LOWERINGS
+    from ..ops.registry import LOWERINGS, is_out
+
+    if is_out(func):
+        return _data_dependent_out(func, args, kwargs)
     from torch.utils._pytree import tree_map
 
     device_index = next(a.device.index for a in torch.utils._pytree.tree_leaves((args, kwargs))
@@ -188,6 +191,18 @@ def data_dependent(func, args, kwargs):
     concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
     out = LOWERINGS[func](*concrete[0], **concrete[1])
     return tree_map(lambda a: from_array(a, device_index) if hasattr(a, "dtype") else a, out)
+
+
+def _data_dependent_out(func, args, kwargs):
+    """out= overloads: the functional result, then the out tensors resized to hold it."""
+    from ..ops.registry import functional_variant, mutated_arguments
+
+    names = mutated_arguments(func)
+    outs = [kwargs[name] for name in names]
+    results = data_dependent(functional_variant(func), args, {k: v for k, v in kwargs.items() if k not in names})
+    for out, value in zip(outs, results if isinstance(results, (tuple, list)) else [results]):
+        out.resize_(value.shape).copy_(value)
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _masks_to_indices(indices):

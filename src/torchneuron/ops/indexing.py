@@ -1,10 +1,12 @@
 """Indexing, gather/scatter, masked ops."""
+import math
+
 import jax.numpy as jnp
 import torch
 
 from . import checks
 from .promotion import cast
-from .registry import lower
+from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -38,12 +40,37 @@ def index_put(x, indices, values, accumulate=False):
     return x.at[key].add(values) if accumulate else x.at[key].set(values)
 
 
+def _vector_if_scalar(fn):
+    """PyTorch's index_* ops treat a 0-dim self (and its 0-dim source) as a one-element vector."""
+
+    def lowering(x, dim, index, *rest, **kwargs):
+        index = index.reshape(-1)
+        if x.ndim:
+            return fn(x, _dim(x, dim), index, *rest, **kwargs)
+        rest = [r.reshape(-1) if hasattr(r, "ndim") else r for r in rest]
+        return fn(x.reshape(1), 0, index, *rest, **kwargs).reshape(())
+
+    return lowering
+
+
+def _check_index_add_shapes(x, dim, index, source, **kwargs):
+    sliced = [list(t.shape[:dim % max(t.ndim, 1)]) + list(t.shape[dim % max(t.ndim, 1) + 1:]) for t in (x, source)]
+    if x.ndim != source.ndim or sliced[0] != sliced[1]:
+        raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
+
+
+def _along_dim(x, dim, index):
+    checks.index_in_range(index, x.shape[dim])
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    return tuple(key)
+
+
 @lower(aten.index_select)
+@_vector_if_scalar
 def index_select(x, dim, index):
-    if x.ndim == 0:
-        return x
-    checks.index_in_range(index, x.shape[_dim(x, dim)])
-    return jnp.take(x, index, axis=_dim(x, dim))
+    return x[_along_dim(x, dim, index)]
 
 
 def _along(x, dim, index):
@@ -61,77 +88,110 @@ def _check_along(x, dim, index):
 @lower(aten.gather)
 def gather(x, dim, index, *, sparse_grad=False):
     _check_along(x, dim, index)
-    if x.ndim == 0:
-        return x.reshape(index.shape)
+    if x.ndim == 0 or index.size == 0:  # PyTorch does not require matching ranks then
+        return jnp.broadcast_to(x.reshape(-1)[0] if x.size else jnp.zeros((), x.dtype), index.shape)
     return x[_along(x, dim, index)]
+
+
+def _lowest(dtype):
+    if dtype == jnp.bool_:
+        return False
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _highest(dtype):
+    if dtype == jnp.bool_:
+        return True
+    return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+
+
+def _reduce_into(x, key, values, reduce, include_self):
+    """x with `values` written or reduced into x[key] (scatter_reduce / index_reduce semantics)."""
+    values = values.astype(x.dtype)
+    at = x.at[key]
+    if reduce == "set":
+        return at.set(values)
+    if x.dtype == jnp.bool_ and reduce in ("sum", "prod"):  # boolean addition is `or`, multiplication `and`
+        reduce = "amax" if reduce == "sum" else "amin"
+    if reduce in ("sum", "mean"):
+        sums = (x if include_self else at.set(0)).at[key].add(values)
+        if reduce == "sum":
+            return sums
+        counts = (jnp.ones_like(x) if include_self else jnp.ones_like(x).at[key].set(0)).at[key].add(1)
+        counts = jnp.maximum(counts, 1)
+        return sums / counts if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(sums, counts)
+    if reduce == "prod":
+        return (x if include_self else at.set(1)).at[key].multiply(values)
+    if reduce == "amax":
+        return (x if include_self else at.set(_lowest(x.dtype))).at[key].max(values)
+    if reduce == "amin":
+        return (x if include_self else at.set(_highest(x.dtype))).at[key].min(values)
+    raise NotImplementedError(f"torchneuron: reduce={reduce!r}")
+
+
+def _scatter(x, dim, index, src, reduce, include_self=True):
+    """x with src (a tensor, or a scalar for every index) reduced into the positions index addresses along dim."""
+    _check_along(x, dim, index)
+    if index.size == 0:  # PyTorch does not require matching ranks then
+        return x
+    if hasattr(src, "ndim") and src.ndim:
+        values = src[tuple(slice(0, s) for s in index.shape)]
+    else:
+        values = jnp.full(index.shape, src, x.dtype)
+    if x.ndim == 0:
+        return _reduce_into(x.reshape(1), jnp.zeros(index.size, int), values.reshape(-1), reduce, include_self).reshape(())
+    return _reduce_into(x, _along(x, dim, index), values, reduce, include_self)
 
 
 @lower(aten.scatter.src, aten.scatter.value)
 def scatter(x, dim, index, src):
-    _check_along(x, dim, index)
-    if x.ndim == 0:
-        return jnp.broadcast_to(cast(src, x.dtype), ()) if index.size else x
-    values = src[tuple(slice(0, s) for s in index.shape)] if hasattr(src, "ndim") and src.ndim else src
-    return x.at[_along(x, dim, index)].set(cast(values, x.dtype))
+    return _scatter(x, dim, index, src, "set")
 
 
 @lower(aten.scatter_add)
 def scatter_add(x, dim, index, src):
-    _check_along(x, dim, index)
-    if x.ndim == 0:
-        return x + jnp.sum(src) if index.size else x
-    values = src[tuple(slice(0, s) for s in index.shape)]
-    return x.at[_along(x, dim, index)].add(values.astype(x.dtype))
+    return _scatter(x, dim, index, src, "sum")
 
 
 @lower(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
-    values = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
-    if reduce == "sum":
-        base = x if include_self else x.at[_along(x, dim, index)].set(0)
-        return base.at[_along(x, dim, index)].add(values)
-    if reduce == "prod":
-        base = x if include_self else x.at[_along(x, dim, index)].set(1)
-        return base.at[_along(x, dim, index)].multiply(values)
-    if reduce in ("amax", "amin"):
-        fill = jnp.finfo(x.dtype).min if reduce == "amax" else jnp.finfo(x.dtype).max
-        if jnp.issubdtype(x.dtype, jnp.integer):
-            fill = jnp.iinfo(x.dtype).min if reduce == "amax" else jnp.iinfo(x.dtype).max
-        base = x if include_self else x.at[_along(x, dim, index)].set(fill)
-        return base.at[_along(x, dim, index)].max(values) if reduce == "amax" else base.at[_along(x, dim, index)].min(values)
-    if reduce == "mean":
-        base = x if include_self else x.at[_along(x, dim, index)].set(0)
-        sums = base.at[_along(x, dim, index)].add(values)
-        counts = jnp.ones_like(x) if include_self else jnp.zeros_like(x)
-        counts = counts.at[_along(x, dim, index)].add(1)
-        out = sums / jnp.maximum(counts, 1)
-        return out if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(sums, jnp.maximum(counts, 1))
-    raise NotImplementedError(f"torchneuron: scatter_reduce with reduce={reduce!r}")
+    return _scatter(x, dim, index, src, reduce, include_self)
 
 
-@lower(aten.index_add)
+_SCATTER_REDUCTIONS = {"add": "sum", "multiply": "prod"}
+
+
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_with_reduce(x, dim, index, src, *, reduce):
+    return _scatter(x, dim, index, src, _SCATTER_REDUCTIONS[reduce])
+
+
+@lower(aten.index_reduce)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    return _vector_if_scalar(_index_reduce)(x, dim, index, source, reduce, include_self)
+
+
+def _index_reduce(x, dim, index, source, reduce, include_self):
+    return _reduce_into(x, _along_dim(x, dim, index), source, reduce, include_self)
+
+
+@lower(aten.index_add, meta=checked_meta(_check_index_add_shapes, aten.index_add))
+@_vector_if_scalar
 def index_add(x, dim, index, source, *, alpha=1):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
     source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)
-    return x.at[tuple(key)].add(source.astype(x.dtype))
+    return _reduce_into(x, _along_dim(x, dim, index), source, "sum", True)
 
 
 @lower(aten.index_copy)
+@_vector_if_scalar
 def index_copy(x, dim, index, source):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
-    return x.at[tuple(key)].set(source.astype(x.dtype))
+    return x.at[_along_dim(x, dim, index)].set(source.astype(x.dtype))
 
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@_vector_if_scalar
 def index_fill(x, dim, index, value):
-    dim = _dim(x, dim)
-    key = [slice(None)] * x.ndim
-    key[dim] = index
-    return x.at[tuple(key)].set(cast(value, x.dtype)) if x.ndim else jnp.full_like(x, value)
+    return x.at[_along_dim(x, dim, index)].set(cast(value, x.dtype))
 
 
 @lower(aten.nonzero, dynamic_shape=True)
@@ -143,3 +203,67 @@ def nonzero(x):
 def masked_select(x, mask):
     x, mask = jnp.broadcast_arrays(x, mask)
     return x[mask]
+
+
+@lower(aten.take)
+def take(x, index):
+    checks.index_in_range(index, x.size, message=f"out of range: tried to access index out of bounds on a tensor of {x.size} elements.")
+    return x.reshape(-1)[index] if x.size else jnp.zeros(index.shape, x.dtype)
+
+
+@lower(aten.put)
+def put(x, index, source, accumulate=False):
+    checks.index_in_range(index, x.size, message=f"out of range: tried to access index out of bounds on a tensor of {x.size} elements.")
+    flat = _reduce_into(x.reshape(-1), index.reshape(-1), source.reshape(-1), "sum" if accumulate else "set", True)
+    return flat.reshape(x.shape)
+
+
+def _masked_scatter_meta(op):
+    """PyTorch's meta kernels accept non-boolean masks and, in place, a mask that self must broadcast to."""
+
+    def meta(x, mask, source):
+        if mask.dtype != torch.bool:
+            raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
+        if op is aten.masked_scatter_.default and torch.broadcast_shapes(x.shape, mask.shape) != x.shape:
+            raise RuntimeError(f"expand({list(mask.shape)}, size={list(x.shape)}): the mask must broadcast to self")
+        return op(x, mask, source)
+
+    return meta
+
+
+META[aten.masked_scatter_.default] = _masked_scatter_meta(aten.masked_scatter_.default)
+
+
+@lower(aten.masked_scatter, meta=_masked_scatter_meta(aten.masked_scatter.default))
+def masked_scatter(x, mask, source):
+    """The masked positions take source's leading elements in row-major order."""
+    x, mask = jnp.broadcast_arrays(x, mask)
+    flat = source.reshape(-1)
+    checks.require(jnp.sum(mask) <= flat.size, RuntimeError,
+                   "masked_scatter: expected source to have at least as many elements as ones in mask")
+    if flat.size == 0:
+        return x
+    taken = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, flat.size - 1)
+    return jnp.where(mask, flat[taken].reshape(x.shape).astype(x.dtype), x)
+
+
+@lower(aten.masked_scatter_backward)
+def masked_scatter_backward(grad, mask, sizes):
+    """The gradient of source: grad at the masked positions, in order, then zeros."""
+    grad, mask = jnp.broadcast_arrays(grad, mask)
+    size = math.prod(sizes)
+    mask = mask.reshape(-1)
+    slots = jnp.where(mask, jnp.cumsum(mask) - 1, size)
+    return jnp.zeros(size, grad.dtype).at[slots].set(grad.reshape(-1), mode="drop").reshape(sizes)
+
+
+@lower(aten.nonzero_static)
+def nonzero_static(x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)
+
+
+@lower(aten.repeat_interleave.Tensor, dynamic_shape=True)
+def repeat_interleave(repeats, *, output_size=None):
+    return jnp.repeat(jnp.arange(repeats.size, dtype=jnp.int64), repeats.reshape(-1), total_repeat_length=output_size)

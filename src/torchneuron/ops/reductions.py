@@ -1,10 +1,14 @@
 """Reductions: sums, means, extrema, statistics, scans."""
+import functools
+import math
+
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
 from ..runtime.dtypes import to_jax
-from .registry import lower
+from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -44,12 +48,33 @@ def prod(x, dim=None, keepdim=False, *, dtype=None):
     return jnp.prod(x.astype(out), axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower(aten.amax)
+def _nonempty_reduction(prefix):
+    """PyTorch's CPU kernels raise IndexError for an empty reduced dimension (the meta kernels RuntimeError)."""
+
+    def check(x, dim=(), keepdim=False, **kwargs):
+        for d in ([] if dim is None else dim if isinstance(dim, (list, tuple)) else [dim]):
+            if -x.ndim <= d < x.ndim and x.shape[d] == 0:
+                raise IndexError(f"{prefix} Expected reduction dim {d} to have non-zero size.")
+
+    return check
+
+
+def _check_aminmax_out(x, *, dim=None, keepdim=False, min, max):
+    for out in (min, max):
+        if out.dtype != x.dtype:
+            raise RuntimeError(f"Expected out tensor to have dtype {x.dtype}, but got {out.dtype} instead")
+
+
+META[aten.aminmax.default] = checked_meta(_nonempty_reduction("aminmax:"), aten.aminmax.default)
+META[aten.aminmax.out] = checked_meta(_check_aminmax_out, aten.aminmax.out)
+
+
+@lower(aten.amax, meta=checked_meta(_nonempty_reduction("amax():"), aten.amax.default))
 def amax(x, dim=(), keepdim=False):
     return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower(aten.amin)
+@lower(aten.amin, meta=checked_meta(_nonempty_reduction("amin():"), aten.amin.default))
 def amin(x, dim=(), keepdim=False):
     return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
 
@@ -218,3 +243,158 @@ def histc(x, bins=100, min=0, max=0):
     # the top edge belongs to the last bin
     index = jnp.where(inside, jnp.clip(position, 0, bins - 1), bins)
     return jnp.zeros(bins + 1, x.dtype).at[index.reshape(-1)].add(1)[:bins]
+
+
+_SEGMENT_REDUCTIONS = {"sum": jnp.sum, "prod": jnp.prod, "max": jnp.max, "min": jnp.min, "mean": jnp.sum}
+
+
+def _segment_identity(reduce, dtype):
+    if reduce in ("max", "min"):
+        sign = -1 if reduce == "max" else 1
+        return sign * jnp.inf if jnp.issubdtype(dtype, jnp.floating) else (jnp.iinfo(dtype).min if sign < 0 else jnp.iinfo(dtype).max)
+    return 1 if reduce == "prod" else 0
+
+
+@lower(aten.segment_reduce)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Reductions of consecutive segments along axis (as long as `lengths`, or between `offsets`):
+    each segment is a mask over the axis, so shapes stay static."""
+    axis = axis % data.ndim
+    if offsets is None:
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    position = jnp.arange(data.shape[axis])
+    member = (offsets[..., :-1, None] <= position) & (position < offsets[..., 1:, None])
+    rest = data.shape[axis + 1:]
+    member = member.reshape(member.shape + (1,) * len(rest))
+    values = jnp.expand_dims(data, axis)
+    identity = _segment_identity(reduce, data.dtype)
+    out = _SEGMENT_REDUCTIONS[reduce](jnp.where(member, values, identity), axis=axis + 1)
+    count = jnp.sum(member, axis=axis + 1)
+    if initial is not None:
+        out = _combine(reduce, out, initial)
+    if reduce == "mean":
+        empty = jnp.nan if initial is None else initial
+        out = jnp.where(count == 0, empty, out / jnp.maximum(count, 1))
+    return out.astype(data.dtype)
+
+
+def _combine(reduce, out, initial):
+    if reduce in ("sum", "mean"):
+        return out + initial
+    if reduce == "prod":
+        return out * initial
+    return jnp.maximum(out, initial) if reduce == "max" else jnp.minimum(out, initial)
+
+
+@lower(aten._segment_reduce_backward)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    _, vjp = jax.vjp(lambda d: segment_reduce(d, reduce, lengths=lengths, offsets=offsets, axis=axis, initial=initial), data)
+    return vjp(grad.astype(data.dtype))[0]
+
+
+def _linspace(low, high, steps, dtype):
+    """torch.linspace's values: the first half counted up from low, the second down from high."""
+    low, high = jnp.asarray(low, dtype), jnp.asarray(high, dtype)
+    step = (high - low) / max(steps - 1, 1)
+    i = jnp.arange(steps)
+    return jnp.where(i < steps // 2, low + step * i, high - step * (steps - 1 - i)).astype(dtype)
+
+
+def _outer_edges(column, bounds):
+    """The outermost bin edges: the given range, else the data's (0 and 1 for no data), widened by 1/2 if empty."""
+    if bounds is not None:
+        low, high = jnp.asarray(bounds[0], column.dtype), jnp.asarray(bounds[1], column.dtype)
+    elif column.size == 0:
+        low, high = jnp.zeros((), column.dtype), jnp.ones((), column.dtype)
+    else:
+        low, high = jnp.min(column), jnp.max(column)
+    same = low == high
+    return jnp.where(same, low - 0.5, low), jnp.where(same, high + 0.5, high)
+
+
+def _histogramdd_edges(points, bins, bounds):
+    return [
+        _linspace(*_outer_edges(points[:, d], None if bounds is None else bounds[2 * d:2 * d + 2]), count + 1, points.dtype)
+        for d, count in enumerate(bins)
+    ]
+
+
+def _histogramdd(points, edges, weight, density):
+    """Counts (or summed weights) of points (n, d) in the bins the edges bound; the last edge is inside its bin."""
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    flat = jnp.zeros(points.shape[0], jnp.int64)
+    inside = jnp.ones(points.shape[0], bool)
+    for d, e in enumerate(edges):
+        column = points[:, d]
+        position = jnp.searchsorted(e, column, side="right") - 1
+        position = jnp.where(column == e[-1], shape[d] - 1, position)
+        inside &= (column >= e[0]) & (column <= e[-1])
+        flat = flat * shape[d] + jnp.clip(position, 0, shape[d] - 1)
+    total = math.prod(shape)
+    amounts = jnp.ones(points.shape[0], points.dtype) if weight is None else weight.reshape(-1).astype(points.dtype)
+    hist = jnp.zeros(total, points.dtype).at[jnp.where(inside, flat, total)].add(amounts, mode="drop").reshape(shape)
+    if density:
+        volume = functools.reduce(jnp.multiply.outer, [jnp.diff(e) for e in edges])
+        hist = hist / (jnp.sum(hist) * volume)
+    return hist
+
+
+def _points(x, dims):
+    return x.reshape(-1, dims)
+
+
+# PyTorch has no meta kernels for histograms; their shapes follow from the bins alone
+def _histogram_meta(x, bins=100, **kwargs):
+    edges = bins.new_empty(bins.shape) if isinstance(bins, torch.Tensor) else x.new_empty(bins + 1)
+    return x.new_empty(edges.shape[0] - 1), edges
+
+
+def _histogram_out_meta(x, bins=100, *, hist, bin_edges, **kwargs):
+    shapes = _histogram_meta(x, bins)
+    return hist.resize_(shapes[0].shape), bin_edges.resize_(shapes[1].shape)
+
+
+def _check_histogramdd_bins(x, bins):
+    if len(bins) != x.shape[-1]:
+        raise RuntimeError("histogramdd: The size of bins must be equal to the innermost dimension of the input.")
+
+
+def _histogramdd_edges_meta(x, bins, **kwargs):
+    _check_histogramdd_bins(x, bins)
+    return [x.new_empty(b + 1) for b in bins]
+
+
+def _histogramdd_counts_meta(x, bins, **kwargs):
+    _check_histogramdd_bins(x, bins)
+    return x.new_empty([b.shape[0] - 1 if isinstance(b, torch.Tensor) else b for b in bins])
+
+
+META[aten.histogram.bin_ct_out] = META[aten.histogram.bins_tensor_out] = _histogram_out_meta
+
+
+@lower(aten.histogram.bin_ct, meta=_histogram_meta)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):
+    edges = _histogramdd_edges(_points(x, 1), [bins], range)
+    return _histogramdd(_points(x, 1), edges, weight, density), edges[0]
+
+
+@lower(aten.histogram.bins_tensor, meta=_histogram_meta)
+def histogram_edges(x, bins, *, weight=None, density=False):
+    return _histogramdd(_points(x, 1), [bins], weight, density), bins
+
+
+@lower(aten._histogramdd_bin_edges, meta=_histogramdd_edges_meta)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(_points(x, x.shape[-1]), bins, range)
+
+
+@lower(aten._histogramdd_from_bin_cts, meta=_histogramdd_counts_meta)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    points = _points(x, x.shape[-1])
+    return _histogramdd(points, _histogramdd_edges(points, bins, range), weight, density)
+
+
+@lower(aten._histogramdd_from_bin_tensors, meta=_histogramdd_counts_meta)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd(_points(x, x.shape[-1]), list(bins), weight, density)

@@ -51,6 +51,16 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
     return register
 
 
+def checked_meta(check, op):
+    """A meta function that first raises the error PyTorch's CPU kernel raises and its meta kernel does not."""
+
+    def meta(*args, **kwargs):
+        check(*args, **kwargs)
+        return op(*args, **kwargs)
+
+    return meta
+
+
 def is_random(op) -> bool:
     """Random ops take a PRNG `key`: PyTorch tags them nondeterministic_seeded."""
     return op in RANDOM_OPS or torch.Tag.nondeterministic_seeded in op.tags

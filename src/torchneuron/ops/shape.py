@@ -11,7 +11,7 @@ from jax import lax
 
 from ..runtime import layout
 from .promotion import dtypes
-from .registry import lower
+from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -134,7 +134,13 @@ def unbind(x, dim=0):
     return [lax.index_in_dim(x, i, axis=dim, keepdims=False) for i in range(x.shape[dim])]
 
 
-@lower(aten.cat)
+def _check_cat_ranks(tensors, dim=0):
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+
+
+@lower(aten.cat, meta=checked_meta(_check_cat_ranks, aten.cat.default))
 def cat(tensors, dim=0):
     _, result = dtypes(*tensors)
     tensors = [t.astype(result) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
@@ -213,7 +219,19 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
 
-@lower(aten.as_strided_scatter)
+def _check_strided_bounds(x, src, size, stride, storage_offset=None):
+    """The view as_strided_scatter writes through must lie inside (a contiguous copy of) self."""
+    offset = storage_offset or 0
+    needed = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    if needed > x.numel():
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{x.element_size()} requiring a storage size of {needed * x.element_size()} are out of bounds for "
+            f"storage of size {x.numel() * x.element_size()}"
+        )
+
+
+@lower(aten.as_strided_scatter, meta=checked_meta(_check_strided_bounds, aten.as_strided_scatter.default))
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     flat = layout.write(x.reshape(-1), src.astype(x.dtype), tuple(size), tuple(stride), storage_offset or 0)
     return flat.reshape(x.shape)
@@ -227,3 +245,12 @@ def sym_size(x, dim):
 @lower(aten.sym_numel)
 def sym_numel(x):
     return math.prod(x.shape)
+
+
+def _check_narrow_dim(x, dim, start, length):
+    # the CPU kernel asserts (RuntimeError) where the meta kernel wraps the dimension (IndexError)
+    if x.ndim and dim >= x.ndim:
+        raise RuntimeError("Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false.")
+
+
+META[aten.narrow_copy.default] = checked_meta(_check_narrow_dim, aten.narrow_copy.default)

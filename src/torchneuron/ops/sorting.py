@@ -1,8 +1,12 @@
-"""Sorting: sort (and so argsort, msort, topk's decomposition) with PyTorch's NaN order."""
+"""Sorting and what builds on it (order statistics, searches, unique) with PyTorch's NaN order."""
+import functools
+
+import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
-from .registry import lower
+from .registry import checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -37,3 +41,162 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     axis = dim % x.ndim
     order = jnp.take(_stable_order(x, axis, largest), jnp.arange(k), axis=axis)
     return jnp.take_along_axis(x, order, axis=axis), order.astype(jnp.int64)
+
+
+def _pick(x, dim, keepdim, position):
+    """The value and index at `position` (an array broadcast against the reduced shape) of x sorted along dim."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = dim % x.ndim
+    order = _stable_order(x, axis, False)
+    position = jnp.expand_dims(jnp.broadcast_to(position, order.shape[:axis] + order.shape[axis + 1:]), axis)
+    index = jnp.take_along_axis(order, position, axis=axis)
+    value = jnp.take_along_axis(x, index, axis=axis)
+    if not keepdim:
+        value, index = value.squeeze(axis), index.squeeze(axis)
+    return value, index.astype(jnp.int64)
+
+
+@lower(aten.kthvalue)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    return _pick(x, dim, keepdim, k - 1)
+
+
+@lower(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    """The lower median; along a slice holding NaN, that NaN (the first one) and its index."""
+    value, index = _pick(x, dim, keepdim, (x.shape[dim % x.ndim] - 1) // 2 if x.ndim else 0)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim == 0:
+        return value, index
+    nan = jnp.isnan(x)
+    axis = dim % x.ndim
+    has_nan = jnp.any(nan, axis=axis, keepdims=keepdim)
+    first_nan = jnp.argmax(nan, axis=axis, keepdims=keepdim)
+    return jnp.where(has_nan, jnp.nan, value).astype(x.dtype), jnp.where(has_nan, first_nan, index).astype(jnp.int64)
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    """The lower median of the non-NaN values (NaNs sort last); of all of them where all are NaN."""
+    if x.ndim == 0 or not jnp.issubdtype(x.dtype, jnp.floating):
+        return median_dim(x, dim, keepdim)
+    axis = dim % x.ndim
+    count = jnp.sum(~jnp.isnan(x), axis=axis)
+    count = jnp.where(count == 0, x.shape[axis], count)
+    return _pick(x, dim, keepdim, (count - 1) // 2)
+
+
+@lower(aten.median.default)
+def median(x):
+    return median_dim(x.reshape(-1), 0)[0]
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(x):
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+@lower(aten.mode)
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among ties; NaNs never equal) and the index of its last occurrence."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = dim % x.ndim
+    order = _stable_order(x, axis, False)
+    values = jnp.take_along_axis(x, order, axis=axis)
+    positions = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    previous = jnp.concatenate([lax.slice_in_dim(values, 0, 1, axis=axis), lax.slice_in_dim(values, 0, -1, axis=axis)], axis)
+    starts = (positions == 0) | (values != previous)
+    run_length = positions - lax.cummax(jnp.where(starts, positions, 0), axis=axis)
+    # the first longest run ends where its length is first reached
+    end = jnp.argmax(run_length, axis=axis, keepdims=True)
+    value, index = jnp.take_along_axis(values, end, axis=axis), jnp.take_along_axis(order, end, axis=axis)
+    if not keepdim:
+        value, index = value.squeeze(axis), index.squeeze(axis)
+    return value, index.astype(jnp.int64)
+
+
+def _side(right, side):
+    return side if side is not None else ("right" if right else "left")
+
+
+@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    values = jnp.asarray(values, sorted_sequence.dtype if not hasattr(values, "dtype") else values.dtype)
+    search = functools.partial(jnp.searchsorted, side=_side(right, side))
+    if sorted_sequence.ndim <= 1:
+        found = search(sorted_sequence.reshape(-1), values)
+    else:
+        # one search per leading index: the sequences' and the values' leading dimensions match
+        rows = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+        found = jax.vmap(search)(rows, values.reshape(rows.shape[0], -1)).reshape(values.shape)
+    return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+def _check_boundaries(values, boundaries, **kwargs):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar, meta=checked_meta(_check_boundaries, aten.bucketize))
+def bucketize(values, boundaries, *, out_int32=False, right=False):
+    return searchsorted(boundaries, values, out_int32=out_int32, right=right)
+
+
+def _unique_rows(rows, consecutive):
+    """Unique rows of a 2-d array (sorted unless `consecutive`): the values, the inverse and the counts."""
+    n = rows.shape[0]
+    order = jnp.arange(n) if consecutive else jnp.lexsort(_sort_keys(rows))
+    rows = rows[order]
+    new = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(rows[1:] != rows[:-1], axis=1)])
+    group = jnp.cumsum(new) - 1
+    inverse = jnp.zeros((n,), jnp.int64).at[order].set(group)
+    starts = jnp.nonzero(new)[0]
+    counts = jnp.diff(jnp.append(starts, n))
+    return rows[new], inverse, counts.astype(jnp.int64)
+
+
+def _sort_keys(rows):
+    """lexsort keys, the first column last (it sorts by the last key first); NaNs compare above +inf."""
+    keys = rows.astype(jnp.int8) if rows.dtype == jnp.bool_ else rows
+    return tuple(keys[:, i] for i in reversed(range(rows.shape[1])))
+
+
+def _unique(x, dim, return_inverse, return_counts, consecutive):
+    empty = jnp.zeros((0,), jnp.int64)
+    if dim is None:
+        values, inverse, counts = _unique_rows(x.reshape(-1, 1), consecutive)
+        values, inverse = values.reshape(-1), inverse.reshape(x.shape)
+    else:
+        axis = dim % max(x.ndim, 1)
+        moved = jnp.moveaxis(x, axis, 0)
+        values, inverse, counts = _unique_rows(moved.reshape(moved.shape[0], -1), consecutive)
+        values = jnp.moveaxis(values.reshape((-1,) + moved.shape[1:]), 0, axis)
+    return values, inverse if return_inverse else empty, counts if return_counts else empty
+
+
+@lower(aten._unique2, dynamic_shape=True)
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    return _unique(x, None, return_inverse, return_counts, consecutive=False)
+
+
+@lower(aten._unique, dynamic_shape=True)
+def unique(x, sorted=True, return_inverse=False):
+    return _unique(x, None, return_inverse, False, consecutive=False)[:2]
+
+
+@lower(aten.unique_dim, dynamic_shape=True)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique(x, dim, return_inverse, return_counts, consecutive=False)
+
+
+@lower(aten.unique_consecutive, dynamic_shape=True)
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    return _unique(x, dim, return_inverse, return_counts, consecutive=True)
+
+
+@lower(aten.unique_dim_consecutive, dynamic_shape=True)
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    return _unique(x, dim, return_inverse, return_counts, consecutive=True)

@@ -1,0 +1,76 @@
+"""Indexing, order statistics and data-dependent ops: edge cases the OpInfo samples leave out."""
+import pytest
+import torch
+
+from conftest import assert_same
+
+NAN = float("nan")
+
+
+def on_both(fn, *tensors):
+    return fn(*tensors), fn(*(t.to("neuron") for t in tensors))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, i, s: x.index_add(0, i, s, alpha=-2),
+        lambda x, i, s: x.index_copy(0, i, s),
+        lambda x, i, s: x.index_fill(0, i, 3.0),
+        lambda x, i, s: x.index_select(0, i),
+    ],
+)
+def test_index_ops_on_0dim_self(fn):
+    expected, actual = on_both(fn, torch.tensor(1.5), torch.tensor([0]), torch.tensor(4.0))
+    assert_same(actual, expected)
+
+
+def test_unique_nan_each_distinct_with_inverse_and_counts():
+    x = torch.tensor([3.0, 1.0, NAN, 1.0, NAN, 2.0])
+    expected, actual = on_both(lambda t: torch.unique(t, return_inverse=True, return_counts=True), x)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e, equal_nan=True)
+
+
+def test_unique_dim_and_consecutive():
+    x = torch.tensor([[3, 1], [1, 2], [3, 1], [3, 1]])
+    for fn in (lambda t: torch.unique(t, dim=0, return_counts=True), lambda t: torch.unique_consecutive(t, dim=0)):
+        expected, actual = on_both(fn, x)
+        for a, e in zip(actual, expected):
+            assert_same(a, e)
+
+
+def test_median_mode_nan_and_ties():
+    x = torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [1.0, 2.0, 2.0, 1.0, 5.0], [NAN] * 5])
+    for fn in (lambda t: t.median(1), lambda t: t.nanmedian(1), lambda t: t.mode(1)):
+        expected, actual = on_both(fn, x)
+        torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
+        assert_same(actual.indices, expected.indices)
+
+
+def test_segment_reduce_empty_segments_and_initial():
+    data, lengths = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2])
+    for reduce in ("max", "min", "sum", "mean", "prod"):
+        for initial in (None, 7.0):
+            fn = lambda d, n: torch.segment_reduce(d, reduce, lengths=n, initial=initial)  # noqa: E731
+            expected, actual = on_both(fn, data, lengths)
+            torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+def test_masked_scatter_grad_reaches_source():
+    x, mask = torch.zeros(2, 3), torch.tensor([[True, False, True], [False, True, False]])
+    grads = []
+    for device in ("cpu", "neuron"):
+        source = torch.arange(6.0, device=device).requires_grad_()
+        out = x.to(device).masked_scatter(mask.to(device), source)
+        (out * torch.arange(6.0, device=device).reshape(2, 3)).sum().backward()
+        grads.append(source.grad)
+    assert_same(grads[1], grads[0].cpu())
+
+
+def test_histogram_with_weights_and_density():
+    x, w = torch.tensor([0.0, 1.0, 1.0, 2.5, 4.0, NAN]), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    fn = lambda t, v: torch.histogram(t, 4, range=(0.0, 4.0), weight=v, density=True)  # noqa: E731
+    expected, actual = on_both(fn, x, w)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e)
