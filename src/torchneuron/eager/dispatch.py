@@ -50,7 +50,9 @@ def _choose_handler(func):
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         # below autograd these arrive undecomposed; their decomposition calls ops we handle
         return _decompose
-    if func in registry.DYNAMIC_SHAPE_OPS:
+    if func in registry.DYNAMIC_SHAPE_OPS or (
+        registry.is_out(func) and registry.functional_variant(func) in registry.DYNAMIC_SHAPE_OPS
+    ):
         return special.data_dependent
     if torch.Tag.inplace_view in func.tags:
         return views.inplace_view
