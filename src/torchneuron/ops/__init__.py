@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration side effects)
     linalg,
     nn,
     optim,
+    pooling,
     random,
     reductions,
     shape,
