@@ -285,31 +285,38 @@ def _grid_gather(x, indices, weight):
     return values.reshape((n, c) + flat.shape[1:]) * jnp.where(inside, weight, 0)[:, None]
 
 
-@lower(aten.grid_sampler_3d)
-def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
-    v, g = _opmath(x), _opmath(grid)
+@lower(aten.grid_sampler_2d, aten.grid_sampler_3d)
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    if interpolation_mode == 2:  # bicubic, 2-d only
+        from .graph import decomposed
+
+        return decomposed(aten.grid_sampler_2d.default)(x, grid, interpolation_mode, padding_mode, align_corners)
+    # in the input's dtype, as the CPU computes (half-precision grids move the sampled positions)
     # the grid's last axis is (x, y, z): the input's spatial dims reversed
-    positions = [_source_coordinate(g[..., -1 - d], size, padding_mode, align_corners)
+    positions = [_source_coordinate(grid[..., -1 - d], size, padding_mode, align_corners)
                  for d, size in enumerate(x.shape[2:])]
     if interpolation_mode == 1:
         nearest = [jnp.round(p).astype(jnp.int32) for p in positions]
-        return _grid_gather(v, nearest, jnp.ones_like(positions[0])).astype(x.dtype)
+        return _grid_gather(x, nearest, jnp.ones_like(positions[0]))
     low = [jnp.floor(p) for p in positions]
     out = 0
     for corner in np.ndindex(*(2,) * len(positions)):
         weight = functools.reduce(jnp.multiply, [
             (p - lo) if c else (lo + 1 - p) for p, lo, c in zip(positions, low, corner)])
-        out = out + _grid_gather(v, [(lo + c).astype(jnp.int32) for lo, c in zip(low, corner)], weight)
-    return out.astype(x.dtype)
+        out = out + _grid_gather(x, [(lo + c).astype(jnp.int32) for lo, c in zip(low, corner)], weight)
+    return out
 
 
 # --- backwards: the vjp of the forward lowering -----------------------------------------------
 
 
-def _vjp(op, grad, primals, *args):
-    from .graph import lowering_for  # the forward may be a traced PyTorch decomposition
+def _vjp(forward, grad, primals, *args):
+    """The vjp of `forward` (a lowering, or an op whose lowering may be a traced PyTorch decomposition)."""
+    from .graph import lowering_for
 
-    _, vjp = jax.vjp(lambda *p: lowering_for(op)(*p, *args), *primals)
+    if isinstance(forward, torch._ops.OpOverload):
+        forward = lowering_for(forward)
+    _, vjp = jax.vjp(lambda *p: forward(*p, *args), *primals)
     return vjp(grad.astype(primals[0].dtype))
 
 
@@ -358,10 +365,10 @@ lower(aten._adaptive_avg_pool3d_backward)(
     functools.partial(_adaptive_avg_pool_backward, 3, aten._adaptive_avg_pool3d.default))
 
 
-def _grid_sampler_backward(op, grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    dx, dgrid = _vjp(op, grad, (x, grid), interpolation_mode, padding_mode, align_corners)
+def _grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    dx, dgrid = _vjp(grid_sampler, grad, (x, grid), interpolation_mode, padding_mode, align_corners)
     return dx if output_mask[0] else None, dgrid
 
 
-lower(aten.grid_sampler_2d_backward)(functools.partial(_grid_sampler_backward, aten.grid_sampler_2d.default))
-lower(aten.grid_sampler_3d_backward)(functools.partial(_grid_sampler_backward, aten.grid_sampler_3d.default))
+lower(aten.grid_sampler_2d_backward)(_grid_sampler_backward)
+lower(aten.grid_sampler_3d_backward)(_grid_sampler_backward)
