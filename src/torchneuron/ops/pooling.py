@@ -175,8 +175,11 @@ def _scatter(n, grad, x, indices):
     return out.reshape(x.shape).astype(grad.dtype)
 
 
-lower(aten.max_pool3d_with_indices_backward)(
-    lambda grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices: _scatter(3, grad, x, indices))
+@lower(aten.max_pool3d_with_indices_backward)
+def max_pool3d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter(3, grad, x, indices)
+
+
 lower(aten.adaptive_max_pool2d_backward)(functools.partial(_scatter, 2))
 lower(aten.adaptive_max_pool3d_backward)(functools.partial(_scatter, 3))
 
@@ -186,10 +189,9 @@ def _like_input(grad, x, *args):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-lower(aten.fractional_max_pool2d_backward)(
-    lambda grad, x, kernel_size, output_size, indices: _scatter(2, grad, x, indices))
-lower(aten.fractional_max_pool3d_backward, meta=_like_input)(
-    lambda grad, x, kernel_size, output_size, indices: _scatter(3, grad, x, indices))
+@lower(aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward, meta=_like_input)
+def fractional_max_pool_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter(len(output_size), grad, x, indices)
 
 
 # --- antialiased upsampling ---------------------------------------------------------------
