@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (registration side effects)
     linalg_factorizations,
     nn,
     optim,
+    pooling,
     random,
     reductions,
     shape,

@@ -137,6 +137,14 @@ def _decomposed(op, decomposition):
     return lowering
 
 
+def decomposed(op):
+    """PyTorch's decomposition of `op` as a lowering, also for an op whose registered lowering covers
+    only some of its arguments."""
+    from torch._decomp import decomposition_table
+
+    return _decomposed(op, decomposition_table[op])
+
+
 _DECOMPOSED = {}
 
 

@@ -1,6 +1,4 @@
 """Neural-network ops: softmax, losses, normalisation, embedding, convolution, dropout."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import torch
@@ -247,7 +245,20 @@ def _expand(values, n):
     return values * n if len(values) == 1 else values
 
 
-@lower(aten.convolution)
+def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's meta kernel, after the argument checks of the CPU kernel that it leaves out."""
+    for values, ok, message in (
+        (padding, lambda p: p >= 0, "negative padding is not supported"),
+        (output_padding, lambda p: p >= 0, "negative output_padding is not supported"),
+        (stride, lambda s: s > 0, "non-positive stride is not supported"),
+        (dilation, lambda d: d > 0, "dilation should be greater than zero"),
+    ):
+        if not all(ok(v) for v in values):
+            raise RuntimeError(message)
+    return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lower(aten.convolution, meta=_convolution_meta)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
     out = _conv(x, w, _expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed,
@@ -295,48 +306,6 @@ def _reduce(losses, reduction):
     if reduction == 1:
         return jnp.mean(_opmath(losses)).astype(losses.dtype)
     return jnp.sum(_opmath(losses)).astype(losses.dtype)
-
-
-def _pool_padding(length, kernel, stride, pad, ceil_mode):
-    """(left, right) padding that yields PyTorch's pooled length (ceil mode drops a window starting past the input)."""
-    span = length + 2 * pad - kernel
-    out = -(-span // stride) + 1 if ceil_mode else span // stride + 1
-    if ceil_mode and (out - 1) * stride >= length + pad:
-        out -= 1
-    return pad, (out - 1) * stride + kernel - length - pad
-
-
-def _avg_pool(n, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-              divisor_override=None):
-    kernel, padding = _per_dim(kernel_size, n), _per_dim(padding, n)
-    stride = _per_dim(stride, n) if stride else kernel
-    pads = [_pool_padding(x.shape[x.ndim - n + i], k, s, p, ceil_mode)
-            for i, (k, s, p) in enumerate(zip(kernel, stride, padding))]
-    lead = x.ndim - n
-    window, strides = (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride)
-    config = [(0, 0)] * lead + pads
-    v = _opmath(x)
-    total = lax.reduce_window(v, 0.0, lax.add, window, strides, config)
-    if divisor_override:
-        return (total / divisor_override).astype(x.dtype)
-    # how many elements each window averages: padding counts (up to the declared padding) if asked
-    ones = jnp.ones(x.shape[lead:], v.dtype)
-    if count_include_pad:
-        ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
-        config_ones = [(0, right - p) for (_, right), p in zip(pads, padding)]
-    else:
-        config_ones = pads
-    counts = lax.reduce_window(ones, 0.0, lax.add, tuple(kernel), tuple(stride), config_ones)
-    return (total / counts).astype(x.dtype)
-
-
-def _per_dim(value, n):
-    values = [value] if isinstance(value, int) else list(value)
-    return values * n if len(values) == 1 else values
-
-
-lower(aten.avg_pool2d)(functools.partial(_avg_pool, 2))
-lower(aten.avg_pool3d)(functools.partial(_avg_pool, 3))
 
 
 @lower(aten.hardshrink_backward, aten.softshrink_backward)
