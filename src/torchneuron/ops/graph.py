@@ -159,3 +159,11 @@ def lowering_for(op):
     fn = _decomposed(op, decomposition) if decomposition is not None else None
     _DECOMPOSED[op] = fn
     return fn
+
+
+def vjp(forward, grad, primals, *args):
+    """The vjp of `forward` (a lowering, or an op whose lowering may be a traced PyTorch decomposition)."""
+    if isinstance(forward, torch._ops.OpOverload):
+        forward = lowering_for(forward)
+    _, pullback = jax.vjp(lambda *p: forward(*p, *args), *primals)
+    return pullback(grad.astype(primals[0].dtype))

@@ -5,14 +5,11 @@ import torch
 from jax import lax
 
 from . import checks
-from .promotion import cast
+from .graph import vjp
+from .promotion import cast, opmath
 from .registry import META, lower
 
 aten = torch.ops.aten
-
-
-def _opmath(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
 
 
 def _dim(x, dim):
@@ -21,13 +18,13 @@ def _dim(x, dim):
 
 @lower(aten._softmax)
 def softmax(x, dim, half_to_float=False):
-    out = jax.nn.softmax(_opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.ones_like(_opmath(x))
+    out = jax.nn.softmax(opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.ones_like(opmath(x))
     return out if half_to_float else out.astype(x.dtype)
 
 
 @lower(aten._log_softmax)
 def log_softmax(x, dim, half_to_float=False):
-    out = jax.nn.log_softmax(_opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.zeros_like(_opmath(x))
+    out = jax.nn.log_softmax(opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.zeros_like(opmath(x))
     return out if half_to_float else out.astype(x.dtype)
 
 
@@ -38,13 +35,13 @@ def _axis(x, dim):
 
 @lower(aten._softmax_backward_data)
 def softmax_backward(grad, y, dim, input_dtype):
-    g, v = _opmath(grad), _opmath(y)
+    g, v = opmath(grad), opmath(y)
     return (v * (g - jnp.sum(g * v, axis=_axis(y, dim), keepdims=True))).astype(grad.dtype)
 
 
 @lower(aten._log_softmax_backward_data)
 def log_softmax_backward(grad, y, dim, input_dtype):
-    g, v = _opmath(grad), _opmath(y)
+    g, v = opmath(grad), opmath(y)
     return (g - jnp.exp(v) * jnp.sum(g, axis=_axis(y, dim), keepdims=True)).astype(grad.dtype)
 
 
@@ -88,16 +85,16 @@ def _normalize(v, axes, eps):
 
 def _affine(out, weight, bias, shape):
     if weight is not None:
-        out = out * _opmath(weight).reshape(shape)
+        out = out * opmath(weight).reshape(shape)
     if bias is not None:
-        out = out + _opmath(bias).reshape(shape)
+        out = out + opmath(bias).reshape(shape)
     return out
 
 
 @lower(aten.native_layer_norm)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    out, mean, rstd = _normalize(_opmath(x), axes, eps)
+    out, mean, rstd = _normalize(opmath(x), axes, eps)
     return _affine(out, weight, bias, tuple(normalized_shape)).astype(x.dtype), mean, rstd
 
 
@@ -105,9 +102,9 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     lead = tuple(range(x.ndim - len(normalized_shape)))
-    g, v = _opmath(grad), _opmath(x)
+    g, v = opmath(grad), opmath(x)
     xhat = (v - mean) * rstd
-    wg = g * _opmath(weight) if weight is not None else g
+    wg = g * opmath(weight) if weight is not None else g
     dx = rstd * (wg - jnp.mean(wg, axis=axes, keepdims=True) - xhat * jnp.mean(wg * xhat, axis=axes, keepdims=True))
     dw = jnp.sum(g * xhat, axis=lead) if weight is not None and output_mask[1] else None
     db = jnp.sum(g, axis=lead) if bias is not None and output_mask[2] else None
@@ -133,7 +130,7 @@ META[aten._native_batch_norm_legit.default] = _eval_statistics_meta(aten._native
 
 @lower(aten._native_batch_norm_legit_functional)
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    v = _opmath(x)
+    v = opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     shape = _channel_shape(x)
     if training:
@@ -144,8 +141,8 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
         new_var = (1 - momentum) * running_var + momentum * batch_var
         out = _affine(out, weight, bias, shape)
         return out.astype(x.dtype), mean.reshape(-1), rstd.reshape(-1), new_mean, new_var
-    rstd = lax.rsqrt(_opmath(running_var) + eps)
-    out = (v - _opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
+    rstd = lax.rsqrt(opmath(running_var) + eps)
+    out = (v - opmath(running_mean).reshape(shape)) * rstd.reshape(shape)
     out = _affine(out, weight, bias, shape)
     # eval mode saves nothing: a scalar fills whatever shape the caller's metadata gives
     unused = jnp.zeros((), x.dtype)
@@ -160,7 +157,7 @@ def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum,
 
 @lower(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
-    v = _opmath(x)
+    v = opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     out, mean, rstd = _normalize(v, axes, eps)
     return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
@@ -169,15 +166,15 @@ def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
 @lower(aten.native_batch_norm_backward)
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
-    g, v = _opmath(grad), _opmath(x)
+    g, v = opmath(grad), opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     shape = _channel_shape(x)
     if train:
         mean, rstd = save_mean.reshape(shape), save_invstd.reshape(shape)
     else:
-        mean, rstd = _opmath(running_mean).reshape(shape), lax.rsqrt(_opmath(running_var) + eps).reshape(shape)
+        mean, rstd = opmath(running_mean).reshape(shape), lax.rsqrt(opmath(running_var) + eps).reshape(shape)
     xhat = (v - mean) * rstd
-    w = _opmath(weight).reshape(shape) if weight is not None else 1.0
+    w = opmath(weight).reshape(shape) if weight is not None else 1.0
     if train:
         dx = w * rstd * (g - jnp.mean(g, axis=axes, keepdims=True) - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
     else:
@@ -202,7 +199,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 @lower(aten.embedding_dense_backward)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     flat = indices.reshape(-1)
-    g = _opmath(grad).reshape(flat.shape[0], -1)
+    g = opmath(grad).reshape(flat.shape[0], -1)
     if padding_idx >= 0:
         g = jnp.where((flat == padding_idx)[:, None], 0, g)
     if scale_grad_by_freq:
@@ -276,7 +273,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
             groups)
     _, vjp = jax.vjp(lambda a, b: _conv(a, b, *args), x, w)
     dx, dw = vjp(grad)
-    db = jnp.sum(_opmath(grad), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype) if output_mask[2] else None
+    db = jnp.sum(opmath(grad), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype) if output_mask[2] else None
     return dx if output_mask[0] else None, dw if output_mask[1] else None, db
 
 
@@ -304,8 +301,8 @@ def _reduce(losses, reduction):
     if reduction == 0:
         return losses
     if reduction == 1:
-        return jnp.mean(_opmath(losses)).astype(losses.dtype)
-    return jnp.sum(_opmath(losses)).astype(losses.dtype)
+        return jnp.mean(opmath(losses)).astype(losses.dtype)
+    return jnp.sum(opmath(losses)).astype(losses.dtype)
 
 
 @lower(aten.hardshrink_backward, aten.softshrink_backward)
@@ -319,13 +316,13 @@ def _hinge(z, p=1):
 
 
 def _multi_margin_losses(x, target, p, margin, weight):
-    v = _opmath(x)
+    v = opmath(x)
     rows = v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1)
     labels = target.reshape(-1, 1)
     picked = jnp.take_along_axis(rows, labels, axis=1)
     z = _hinge(margin - picked + rows, p)
     if weight is not None:
-        z = z * _opmath(weight)[labels]
+        z = z * opmath(weight)[labels]
     z = jnp.where(jnp.arange(rows.shape[1]) == labels, 0, z)
     losses = jnp.sum(z, axis=1) / rows.shape[1]
     return losses.reshape(target.shape).astype(x.dtype)
@@ -343,11 +340,7 @@ def _shaped_like_input(grad, x, *args, **kwargs):
 
 @lower(aten.multi_margin_loss_backward, meta=_shaped_like_input)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
-    return _vjp(lambda v: multi_margin_loss(v, target, p, margin, weight, reduction), x, grad)
-
-
-def _vjp(fn, x, grad):
-    return jax.vjp(fn, x)[1](grad.astype(x.dtype))[0]
+    return vjp(lambda v: multi_margin_loss(v, target, p, margin, weight, reduction), grad, (x,))[0]
 
 
 def _multilabel_targets(target, num_classes):
@@ -363,7 +356,7 @@ def multilabel_margin_loss_forward(x, target, reduction):
     if x.ndim == 0:
         loss, is_target = multilabel_margin_loss_forward(x.reshape(1), target.reshape(1), reduction)
         return loss, is_target.reshape(())
-    v = _opmath(x)
+    v = opmath(x)
     valid, labels, is_target = _multilabel_targets(target, v.shape[-1])
     picked = jnp.take_along_axis(v, labels, axis=-1)
     z = _hinge(1 - picked[..., :, None] + v[..., None, :])
@@ -374,12 +367,12 @@ def multilabel_margin_loss_forward(x, target, reduction):
 
 @lower(aten.multilabel_margin_loss_backward, meta=_shaped_like_input)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
-    return _vjp(lambda v: multilabel_margin_loss_forward(v, target, reduction)[0], x, grad)
+    return vjp(lambda v: multilabel_margin_loss_forward(v, target, reduction)[0], grad, (x,))[0]
 
 
 def _distance_parts(x1, x2, p):
     """Pairwise differences [..., R1, R2, M] and p-norm distances [..., R1, R2]."""
-    diff = _opmath(x1)[..., :, None, :] - _opmath(x2)[..., None, :, :]
+    diff = opmath(x1)[..., :, None, :] - opmath(x2)[..., None, :, :]
     a = jnp.abs(diff)
     if p == 0:
         dist = jnp.sum((a != 0).astype(a.dtype), axis=-1)
@@ -408,7 +401,7 @@ def _distance_grad(grad, diff, dist, p):
     else:
         local = diff * jnp.abs(diff) ** (p - 2) / jnp.where(d == 0, 1, d) ** (p - 1)
     local = jnp.where(d == 0, 0, local)
-    return jnp.sum(_opmath(grad)[..., None] * local, axis=-2)
+    return jnp.sum(opmath(grad)[..., None] * local, axis=-2)
 
 
 @lower(aten._cdist_forward, static_scalars=True)  # p picks the formula
@@ -436,7 +429,7 @@ def pdist_forward(x, p=2):
 def pdist_backward(grad, x, p, pdist):
     rows, cols = jnp.triu_indices(x.shape[0], 1)
     # each pair's distance moves both rows: scatter to a symmetric matrix of pair gradients
-    full = jnp.zeros((x.shape[0], x.shape[0]), _opmath(grad).dtype).at[rows, cols].set(grad)
+    full = jnp.zeros((x.shape[0], x.shape[0]), opmath(grad).dtype).at[rows, cols].set(grad)
     diff, dist = _distance_parts(x, x, p)
     return _distance_grad(full + full.T, diff, dist, p).astype(x.dtype)
 
@@ -452,7 +445,7 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
     if not training:
         return jnp.where(x >= 0, x, x * cast((lower + upper) / 2, x.dtype)), noise
-    slopes = jax.random.uniform(key, x.shape, _opmath(x).dtype, lower, upper).astype(x.dtype)
+    slopes = jax.random.uniform(key, x.shape, opmath(x).dtype, lower, upper).astype(x.dtype)
     noise = jnp.where(x <= 0, slopes, jnp.ones_like(slopes)).astype(noise.dtype)
     return x * noise.astype(x.dtype), noise
 
@@ -460,7 +453,7 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generat
 @lower(aten.embedding_renorm, static_scalars=True)  # norm_type picks the norm
 def embedding_renorm(weight, indices, max_norm, norm_type):
     flat = indices.reshape(-1)
-    rows = _opmath(weight[flat])
+    rows = opmath(weight[flat])
     norms = jnp.linalg.norm(rows, ord=norm_type, axis=-1, keepdims=True)
     scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1)
     return weight.at[flat].set((rows * scale).astype(weight.dtype))

@@ -14,13 +14,11 @@ import numpy as np
 import torch
 from jax import lax
 
+from .graph import vjp
+from .promotion import opmath
 from .registry import lower
 
 aten = torch.ops.aten
-
-
-def _opmath(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
 
 
 def _per_dim(value, n):
@@ -49,7 +47,7 @@ def _avg_pool(n, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     lead = x.ndim - n
     window, strides = (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride)
     config = [(0, 0)] * lead + pads
-    v = _opmath(x)
+    v = opmath(x)
     total = lax.reduce_window(v, 0.0, lax.add, window, strides, config)
     if divisor_override:
         return (total / divisor_override).astype(x.dtype)
@@ -135,7 +133,7 @@ def _adaptive(x, output_size):
 @lower(aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d)
 def adaptive_avg_pool(x, output_size):
     starts, sizes = _adaptive(x, output_size)
-    values, valid, _ = _windows(_opmath(x), starts, sizes)
+    values, valid, _ = _windows(opmath(x), starts, sizes)
     counts = functools.reduce(np.multiply.outer, sizes).astype(np.float32)
     return (jnp.sum(jnp.where(valid, values, 0), axis=-1) / counts).astype(x.dtype)
 
@@ -169,7 +167,7 @@ def _scatter(n, grad, x, indices):
     """The gradient of a max pool: each output's gradient added at the input position it took."""
     rows = math.prod(x.shape[:x.ndim - n])
     outputs = math.prod(grad.shape[x.ndim - n:])
-    g = _opmath(grad).reshape(rows, outputs)
+    g = opmath(grad).reshape(rows, outputs)
     out = jnp.zeros((rows, math.prod(x.shape[x.ndim - n:])), g.dtype)
     out = out.at[jnp.arange(rows)[:, None], indices.reshape(rows, outputs)].add(g)
     return out.reshape(x.shape).astype(grad.dtype)
@@ -231,7 +229,7 @@ def _antialias_weights(length, out, scale, support, filter_fn):
 
 def _upsample_antialiased(support, filter_fn, x, output_size, align_corners, *scales):
     """Separable: each spatial dim gathers every output's taps and sums them weighted."""
-    v = _opmath(x)
+    v = opmath(x)
     scales = scales + (None,) * (len(output_size) - len(scales))
     for d, (out, scale) in enumerate(zip(output_size, scales)):
         axis = x.ndim - len(output_size) + d
@@ -312,18 +310,8 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 # --- backwards: the vjp of the forward lowering -----------------------------------------------
 
 
-def _vjp(forward, grad, primals, *args):
-    """The vjp of `forward` (a lowering, or an op whose lowering may be a traced PyTorch decomposition)."""
-    from .graph import lowering_for
-
-    if isinstance(forward, torch._ops.OpOverload):
-        forward = lowering_for(forward)
-    _, vjp = jax.vjp(lambda *p: forward(*p, *args), *primals)
-    return vjp(grad.astype(primals[0].dtype))
-
-
 def _upsample_backward(op, grad, output_size, input_size, *args):
-    return _vjp(op, grad, (jnp.zeros(input_size, grad.dtype),), output_size, *args)[0]
+    return vjp(op, grad, (jnp.zeros(input_size, grad.dtype),), output_size, *args)[0]
 
 
 for _backward, _forward in [
@@ -344,7 +332,7 @@ for _backward, _forward in [
 
 
 def _input_backward(op, grad, x, *args):
-    return _vjp(op, grad, (x,), *args)[0]
+    return vjp(op, grad, (x,), *args)[0]
 
 
 for _backward, _forward in [
@@ -368,7 +356,7 @@ lower(aten._adaptive_avg_pool3d_backward)(
 
 
 def _grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    dx, dgrid = _vjp(grid_sampler, grad, (x, grid), interpolation_mode, padding_mode, align_corners)
+    dx, dgrid = vjp(grid_sampler, grad, (x, grid), interpolation_mode, padding_mode, align_corners)
     return dx if output_mask[0] else None, dgrid
 
 

@@ -64,3 +64,8 @@ def elementwise(fn, kind=DEFAULT):
 
 def torch_dtype(value) -> torch.dtype:
     return to_torch(value.dtype)
+
+
+def opmath(x):
+    """Half-precision values widened to float32 for arithmetic, as PyTorch's CPU and CUDA kernels compute them."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
