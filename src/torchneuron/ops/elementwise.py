@@ -265,7 +265,11 @@ def fmod(x, y):
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
     (x, y), result = promote(x, y)
-    return jnp.power(x, y).astype(result)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.power(x, y).astype(result)
+    # XLA leaves integer powers with negative exponents undefined; PyTorch gives 1/x^n truncated to an integer
+    reciprocal = jnp.where(x == 1, 1, jnp.where(x == -1, 1 - 2 * (y % 2), 0)).astype(x.dtype)
+    return jnp.where(y < 0, reciprocal, jnp.power(x, jnp.maximum(y, 0))).astype(result)
 
 
 @lower(aten.clamp.default, aten.clamp.Tensor)
