@@ -27,6 +27,22 @@ def unlowered_op(monkeypatch):
     return op
 
 
+@torch.library.custom_op("torchneuron_test::scaled_add", mutates_args=())
+def scaled_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x + alpha * y.sin()
+
+
+def test_custom_op_for_every_device_runs_on_neuron_not_on_the_cpu():
+    """A torch.library.custom_op without device_types is PyTorch code: it runs on neuron tensors."""
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    fallback.reset()
+    with fallback.as_error():
+        result = scaled_add(x.to("neuron"), y.to("neuron"), 0.5)
+    assert result.device.type == "neuron"
+    torch.testing.assert_close(result.cpu(), scaled_add(x, y, 0.5))
+    assert not fallback.counts
+
+
 def test_fallback_is_counted_warned_and_correct(unlowered_op):
     x = torch.randn(10) * 3
     with pytest.warns(UserWarning, match="hardtanh"):

@@ -60,9 +60,22 @@ def _choose_handler(func):
         # _unsafe_view does alias its input (only autograd's view tracking is skipped): kron's out= writes through it
         return views.view
     target = registry.functional_variant(func) if registry.is_mutating(func) else func
-    if target is None or lowering_for(target) is None:
-        return fallback.run_on_cpu
-    return Compute(func, target)
+    if target is not None and lowering_for(target) is not None:
+        return Compute(func, target)
+    if func.namespace not in ("aten", "prims") and torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeExplicitAutograd"
+    ):
+        # a custom op whose implementation is for every device (torch.library.custom_op without device_types):
+        # its PyTorch code runs on neuron tensors, each op it calls dispatched here in turn
+        return _run_device_generic_kernel
+    return fallback.run_on_cpu
+
+
+_PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _run_device_generic_kernel(func, args, kwargs):
+    return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
 
 
 class Compute:
