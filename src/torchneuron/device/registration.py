@@ -56,6 +56,19 @@ def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memor
     return torch.zeros(size, dtype=dtype, layout=layout, device=device)
 
 
+# factories with neither a tensor argument nor a device-generic kernel: PyTorch calls the device's own kernel
+_TENSORLESS_FACTORIES = ("tril_indices", "triu_indices")
+
+
+def _dispatched(op):
+    def kernel(*args, **kwargs):
+        from ..eager.dispatch import dispatch
+
+        return dispatch(op, args, kwargs)
+
+    return kernel
+
+
 def _copy_from(source, destination, non_blocking=False):
     """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
     from ..eager.dispatch import dispatch
@@ -78,6 +91,8 @@ def register() -> None:
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
     library.impl("_copy_from", _copy_from, "PrivateUse1")
     library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
+    for name in _TENSORLESS_FACTORIES:
+        library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "PrivateUse1")
     _registered.append(library)
     from .. import patches
     from . import autocast

@@ -171,7 +171,7 @@ def round_decimals(x, *, decimals):
     return _round_half_even(x / scale) * scale
 
 
-@lower(aten._conj_physical)
+@lower(aten._conj_physical, aten.conj_physical)
 def conj_physical(x):
     return jnp.conj(x)
 

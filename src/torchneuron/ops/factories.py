@@ -91,3 +91,21 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     dt = to_jax(dtype) if dtype is not None else None
     return jnp.full(tuple(size), fill_value, dtype=dt)
+
+
+def _triangle_indices(indices):
+    def lowering(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+        rows, cols = indices(row, offset, col)
+        return jnp.stack([rows, cols]).astype(to_jax(dtype or torch.long))
+
+    return lowering
+
+
+def _on_meta(op):
+    """Output metadata of a factory with no tensor argument: the same call on the meta device."""
+    return lambda *args, **kwargs: op(*args, **{**kwargs, "device": "meta"})
+
+
+# these take no tensor: registration.py routes their PrivateUse1 kernels to eager dispatch
+lower(aten.tril_indices, meta=_on_meta(aten.tril_indices.default))(_triangle_indices(jnp.tril_indices))
+lower(aten.triu_indices, meta=_on_meta(aten.triu_indices.default))(_triangle_indices(jnp.triu_indices))
