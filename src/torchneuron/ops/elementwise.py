@@ -84,6 +84,10 @@ _register_all(
         (aten.bitwise_and, jnp.bitwise_and),
         (aten.bitwise_or, jnp.bitwise_or),
         (aten.bitwise_xor, jnp.bitwise_xor),
+        (aten.bitwise_left_shift, jnp.left_shift),
+        (aten.bitwise_right_shift, jnp.right_shift),
+        (aten.__lshift__, jnp.left_shift),
+        (aten.__rshift__, jnp.right_shift),
         (aten.maximum, jnp.maximum),
         (aten.minimum, jnp.minimum),
         (aten.fmax, jnp.fmax),
@@ -148,7 +152,8 @@ def div_mode(x, y, *, rounding_mode=None):
         return elementwise(jnp.true_divide, INT_TO_FLOAT)(x, y)
     (x, y), result = promote(x, y)
     if rounding_mode == "trunc":
-        out = lax.div(x, y) if _is_integral(x) else jnp.trunc(x / y)
+        # lax.div truncates, but neither broadcasts nor promotes
+        out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))) if _is_integral(x) else jnp.trunc(x / y)
     else:
         out = jnp.floor_divide(x, y) if _is_integral(x) else jnp.floor(x / y)
     return out.astype(result)
