@@ -6,7 +6,7 @@ import torch
 from jax import lax
 
 from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote
-from .registry import META, lower
+from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -195,29 +195,28 @@ def _scalar_type_name(dtype) -> str:
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
-def _complex_meta(op):
+def _check_complex_parts(a, b, **out):
     """The CPU kernels' checks, which PyTorch's meta kernel makes with other exceptions or not at all."""
-
-    def meta(a, b, **out):
-        floating = (torch.float16, torch.float32, torch.float64)
-        names = _scalar_type_name(a.dtype), _scalar_type_name(b.dtype)
+    floating = (torch.float16, torch.float32, torch.float64)
+    names = _scalar_type_name(a.dtype), _scalar_type_name(b.dtype)
+    torch._check(
+        a.dtype in floating and b.dtype in floating,
+        lambda: f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}",
+    )
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument",
+    )
+    if out:
+        wanted, given = _scalar_type_name(a.dtype.to_complex()), _scalar_type_name(out["out"].dtype)
         torch._check(
-            a.dtype in floating and b.dtype in floating,
-            lambda: f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}",
+            wanted == given,
+            lambda: f"Expected object of scalar type {wanted} but got scalar type {given} for argument 'out'",
         )
-        torch._check(
-            a.dtype == b.dtype,
-            lambda: f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument",
-        )
-        if out:
-            wanted, given = _scalar_type_name(a.dtype.to_complex()), _scalar_type_name(out["out"].dtype)
-            torch._check(
-                wanted == given,
-                lambda: f"Expected object of scalar type {wanted} but got scalar type {given} for argument 'out'",
-            )
-        return op(a, b, **out)
 
-    return meta
+
+def _complex_meta(op):
+    return checked_meta(_check_complex_parts, op)
 
 
 def _complex_from_parts(real, imag):

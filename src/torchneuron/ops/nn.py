@@ -7,7 +7,7 @@ from jax import lax
 from . import checks
 from .graph import vjp
 from .promotion import cast, opmath
-from .registry import META, lower
+from .registry import META, lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -333,12 +333,7 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     return _reduce(_multi_margin_losses(x, target, p, margin, weight), reduction)
 
 
-def _shaped_like_input(grad, x, *args, **kwargs):
-    """Output metadata of backward ops that PyTorch gives no meta kernel: the input's gradient."""
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@lower(aten.multi_margin_loss_backward, meta=_shaped_like_input)
+@lower(aten.multi_margin_loss_backward, meta=meta_like_input)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
     return vjp(lambda v: multi_margin_loss(v, target, p, margin, weight, reduction), grad, (x,))[0]
 
@@ -365,7 +360,7 @@ def multilabel_margin_loss_forward(x, target, reduction):
     return _reduce(losses, reduction), is_target.astype(x.dtype)
 
 
-@lower(aten.multilabel_margin_loss_backward, meta=_shaped_like_input)
+@lower(aten.multilabel_margin_loss_backward, meta=meta_like_input)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
     return vjp(lambda v: multilabel_margin_loss_forward(v, target, reduction)[0], grad, (x,))[0]
 

@@ -16,7 +16,7 @@ from jax import lax
 
 from .graph import vjp
 from .promotion import opmath
-from .registry import lower
+from .registry import lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -182,12 +182,7 @@ lower(aten.adaptive_max_pool2d_backward)(functools.partial(_scatter, 2))
 lower(aten.adaptive_max_pool3d_backward)(functools.partial(_scatter, 3))
 
 
-def _like_input(grad, x, *args):
-    """fractional_max_pool3d_backward has no meta kernel: the gradient is shaped as the input."""
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@lower(aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward, meta=_like_input)
+@lower(aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward, meta=meta_like_input)
 def fractional_max_pool_backward(grad, x, kernel_size, output_size, indices):
     return _scatter(len(output_size), grad, x, indices)
 

@@ -61,6 +61,11 @@ def checked_meta(check, op):
     return meta
 
 
+def meta_like_input(grad, x, *args, **kwargs):
+    """Output metadata of a backward op PyTorch gives no meta kernel: the gradient of its input `x`."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 def is_random(op) -> bool:
     """Random ops take a PRNG `key`: PyTorch tags them nondeterministic_seeded."""
     return op in RANDOM_OPS or torch.Tag.nondeterministic_seeded in op.tags
