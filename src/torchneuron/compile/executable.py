@@ -13,7 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..device import rng
-from ..eager import special
+from ..eager import adaptive, special
 from ..ops import registry
 from ..ops.graph import run_graph_with_inputs
 from ..runtime import layout, sync
@@ -160,6 +160,7 @@ class _Program:
         self.compiled = disk_cache.compile_lowered(lowered, self.device_index)
 
     def run(self, args, storages):
+        adaptive.flush()  # queued ops come first, and may read buffers this program donates
         mutable = [storages[p].buffer for p in self.mutated_storages]
         readonly = [storages[p].buffer for p in self.read_storages]
         new_buffers, arrays = self.compiled(mutable, readonly, rng.next_key(self.device_index) if self.random else None)

@@ -117,20 +117,51 @@ def get_device_properties(device=None):
 
 
 def _all_ready(index: int) -> bool:
+    from ..eager import adaptive
     from ..runtime import sync
 
+    adaptive.flush()
     return sync.ready(index, _jax_device(index))
 
 
 def synchronize(device=None) -> None:
     """Wait until every operation queued on the device has finished, and report failed device checks."""
-    from ..runtime import pending_checks
-
-    from ..runtime import sync
+    from ..eager import adaptive
+    from ..runtime import pending_checks, sync
 
     index = _index(device)
+    adaptive.flush()
     sync.wait(index, _jax_device(index))
     pending_checks.raise_failures(index)
+
+
+# --- adaptive eager ------------------------------------------------------------
+
+
+def set_adaptive_eager(enabled: bool) -> None:
+    """Queue ops and run them as fused executables (see torchneuron/eager/adaptive.py); off by default."""
+    from ..eager import adaptive
+
+    adaptive.set_enabled(enabled)
+
+
+def is_adaptive_eager_enabled() -> bool:
+    from ..eager import adaptive
+
+    return adaptive.is_enabled()
+
+
+def adaptive_eager(enabled: bool = True):
+    """A context manager turning adaptive eager on (or off) within it."""
+    from ..eager import adaptive
+
+    return adaptive.enabled(enabled)
+
+
+def adaptive_eager_stats() -> dict:
+    from ..eager import adaptive
+
+    return adaptive.stats()
 
 
 # --- streams and events --------------------------------------------------------
@@ -219,11 +250,11 @@ def _memory():
 
 
 def memory_allocated(device=None) -> int:
-    return _memory().allocated[_index(device)]
+    return _memory().account(_index(device)).allocated
 
 
 def max_memory_allocated(device=None) -> int:
-    return _memory().peak[_index(device)]
+    return _memory().account(_index(device)).peak
 
 
 def memory_reserved(device=None) -> int:
@@ -243,11 +274,11 @@ reset_max_memory_allocated = reset_peak_memory_stats
 
 def memory_stats(device=None) -> dict:
     index = _index(device)
-    memory = _memory()
+    account = _memory().account(index)
     stats = {
-        "allocated_bytes.all.current": memory.allocated[index],
-        "allocated_bytes.all.peak": memory.peak[index],
-        "allocation.all.allocated": memory.allocations[index],
+        "allocated_bytes.all.current": account.allocated,
+        "allocated_bytes.all.peak": account.peak,
+        "allocation.all.allocated": account.allocations,
     }
     for name, value in (_jax_device(index).memory_stats() or {}).items():
         stats[f"pjrt.{name}"] = value

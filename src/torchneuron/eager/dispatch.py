@@ -19,9 +19,9 @@ from ..ops.graph import lowering_for
 from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
-from ..runtime.storage import Storage
+from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
-from . import fallback, special, views
+from . import adaptive, fallback, special, views
 from .arguments import fill, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -221,15 +221,22 @@ class Executable:
         spec = self.fresh_specs[0] if self.plan == ("new", 0) and not self.resized else None
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
+        self.program = program
         self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
         self.traced = False
+        self.output_sizes = None  # the flat length of each result, known once it has run
         self.check_errors = []
 
     def run(self, tensors, storages, scalars):
+        queue = adaptive.queue
+        if queue.enabled and self.traced and not self.check_errors:
+            return self._record(queue, tensors, storages, scalars)
+        if queue.ops and self.mutated_storages:
+            queue.flush()  # the queue may read a buffer this program donates
         flat = []
         for p in self.argument_storages:
             buffer = storages[p]._buffer
-            flat.append(storages[p].buffer if buffer is None else buffer)
+            flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
         if scalars:
             flat += scalars
         if self.random:
@@ -242,10 +249,24 @@ class Executable:
             except Exception as exc:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
+            self.output_sizes = [r.size for r in results]
+        if results:
+            sync.last[self.device_index] = results[-1]
+        return self._outputs(results, tensors, storages)
+
+    def _record(self, queue, tensors, storages, scalars):
+        """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
+        buffers = []
+        for p in self.argument_storages:
+            buffer = storages[p]._buffer
+            buffers.append(storages[p].buffer if buffer is None else buffer)
+        extras = scalars + [rng.next_key(self.device_index)] if self.random else scalars
+        return self._outputs(queue.record(self, buffers, extras), tensors, storages)
+
+    def _outputs(self, results, tensors, storages):
         if not results:
             return _build_output(self.plan, tensors, [])
         device_index = self.device_index
-        sync.last[device_index] = results[-1]
         n_mutated = len(self.mutated_storages)
         if n_mutated:
             for p, buffer in zip(self.mutated_storages, results):

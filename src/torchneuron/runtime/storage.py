@@ -8,31 +8,64 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import memory
+from .memory import accounts
 from .dtypes import to_jax
 from .platform import jax_device
 
 
+class Pending:
+    """A storage's next buffer, queued by adaptive eager and not computed yet: reading it runs the queue.
+
+    It stands in for the flat buffer wherever one is only described (its `shape`), so output tensors of
+    queued ops are built exactly as those of executed ones.
+    """
+
+    __slots__ = ("shape", "value", "array", "_run_queue", "__weakref__")
+
+    def __init__(self, numel: int, value: int, run_queue):
+        self.shape = (numel,)
+        self.value = value  # its number among the queue's values
+        self.array = None
+        self._run_queue = run_queue
+
+    def resolve(self) -> jax.Array:
+        if self.array is None:
+            self._run_queue()
+            if self.array is None:
+                raise RuntimeError(
+                    "neuron: this tensor's value was never computed because running the queued ops failed "
+                    "(adaptive eager; see the first error). Please report it with the failing code."
+                )
+        return self.array
+
+
 class Storage:
-    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "__weakref__")
+    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "__weakref__")
 
     def __init__(self, numel: int, dtype, device_index: int, buffer=None):
         self.numel = numel
         self.dtype = dtype  # torch dtype of the elements
         self.device_index = device_index
-        self.nbytes = numel * dtype.itemsize
-        self._buffer = buffer  # None: allocated but never written (reads as zeros)
-        memory.on_alloc(device_index, self.nbytes)
+        self.nbytes = nbytes = numel * dtype.itemsize
+        self._buffer = buffer  # None: allocated but never written (reads as zeros); or Pending
+        self.account = account = accounts[device_index]
+        account.allocations += 1
+        account.allocated += nbytes
+        if account.allocated > account.peak:
+            account.peak = account.allocated
 
     def __del__(self):
-        memory.on_free(self.device_index, self.nbytes)
+        self.account.allocated -= self.nbytes
 
     @property
     def buffer(self) -> jax.Array:
-        if self._buffer is None:
+        buffer = self._buffer
+        if buffer is None:
             with jax.default_device(jax_device(self.device_index)):
-                self._buffer = jnp.zeros((self.numel,), to_jax(self.dtype))
-        return self._buffer
+                buffer = self._buffer = jnp.zeros((self.numel,), to_jax(self.dtype))
+        elif type(buffer) is Pending:
+            buffer = self._buffer = buffer.resolve()
+        return buffer
 
     @buffer.setter
     def buffer(self, value: jax.Array) -> None:
@@ -47,10 +80,11 @@ class Storage:
             new = old[:numel]
         else:
             new = jnp.concatenate([old, jnp.zeros((numel - self.numel,), old.dtype)])
-        memory.on_free(self.device_index, self.nbytes)
+        account = self.account
+        account.allocated += (numel - self.numel) * self.dtype.itemsize
+        account.peak = max(account.peak, account.allocated)
         self.numel = numel
         self.nbytes = numel * self.dtype.itemsize
-        memory.on_alloc(self.device_index, self.nbytes)
         self._buffer = jax.device_put(new, jax_device(self.device_index))
 
 

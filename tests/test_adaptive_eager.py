@@ -1,0 +1,154 @@
+"""Adaptive eager: queued ops run as one fused executable with the results of op-by-op eager."""
+import pytest
+import torch
+import torch.nn as nn
+
+from torchneuron.eager import adaptive, fallback
+from torchneuron.runtime.storage import Pending
+
+
+@pytest.fixture
+def queued():
+    """Adaptive eager on, with the fused-executable cache emptied and the counters read from zero."""
+    adaptive.fused_cache.clear()
+    before = adaptive.stats()
+    with torch.neuron.adaptive_eager():
+        yield lambda: {k: adaptive.stats()[k] - before[k] for k in ("flushes", "ops_fused", "replays")}
+    assert adaptive.stats()["queued"] == 0
+
+
+def _is_pending(t: torch.Tensor) -> bool:
+    buffer = t._storage._buffer
+    return type(buffer) is Pending and buffer.array is None
+
+
+def _train(steps: int, device: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16).to(device), torch.randn(8, 4).to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_training_loop_matches_op_by_op_and_replays_one_fused_program(queued):
+    losses, params = _train(6, "neuron")
+    counts = queued()
+    with torch.neuron.adaptive_eager(False):
+        expected_losses, expected_params = _train(6, "neuron")
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    for p, e in zip(params, expected_params):
+        torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
+    # each step ends at loss.item(); steps after the first queue the whole step
+    assert counts["flushes"] >= 5 and counts["ops_fused"] >= 5 * 20 and counts["replays"] == 0
+    cache = adaptive.fused_cache.stats()
+    assert cache["hits"] >= 3, cache
+
+
+def test_ops_are_queued_until_a_value_is_read(queued):
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    x, y = a.to("neuron"), b.to("neuron")
+    ((x + y) * 2).sum()  # the first run of a signature executes (and compiles) it
+    z = (x + y) * 2
+    assert _is_pending(z)
+    w = z.sum()
+    assert _is_pending(w)
+    assert w.item() == pytest.approx(((a + b) * 2).sum().item(), rel=1e-5)
+    assert not _is_pending(z)
+    torch.testing.assert_close(z.cpu(), (a + b) * 2)
+
+
+def test_in_place_writes_through_views_are_queued_in_order(queued):
+    base = torch.zeros(4, 6)
+    x = base.to("neuron")
+    for _ in range(2):  # the second round is queued
+        row, col = x[1], x[:, 2]
+        row.add_(1.0)
+        col.mul_(3.0)
+        x.t()[0].sub_(0.5)
+        base[1].add_(1.0)
+        base[:, 2].mul_(3.0)
+        base.t()[0].sub_(0.5)
+    snapshot = x.clone()
+    x.zero_()
+    torch.testing.assert_close(snapshot.cpu(), base)
+    torch.testing.assert_close(x.cpu(), torch.zeros(4, 6))
+
+
+def test_random_ops_draw_the_numbers_of_op_by_op(queued):
+    def draw():
+        torch.neuron.manual_seed(7)
+        t = torch.ones(64, device="neuron")
+        return [nn.functional.dropout(t, 0.5).cpu(), torch.rand_like(t).cpu(), (t + torch.randn_like(t)).cpu()]
+
+    queued_draws = draw(), draw()
+    with torch.neuron.adaptive_eager(False):
+        expected = draw()
+    for draws in queued_draws:
+        for got, want in zip(draws, expected):
+            torch.testing.assert_close(got, want)
+
+
+def test_the_cpu_fallback_reads_queued_values(queued, monkeypatch):
+    x = torch.randn(5, 3).to("neuron")
+    x * 2
+    y = x * 2
+    assert _is_pending(y)
+    fallback.reset()
+    monkeypatch.setattr(fallback, "strict", lambda: False)
+    from torchneuron.ops import registry
+
+    monkeypatch.delitem(registry.LOWERINGS, torch.ops.aten.hardtanh.default)
+    from torchneuron.eager import dispatch
+    from torchneuron.ops import graph
+
+    monkeypatch.setattr(graph, "_DECOMPOSED", {torch.ops.aten.hardtanh.default: None})
+    monkeypatch.setattr(dispatch, "_HANDLERS", {})
+    with pytest.warns(UserWarning):
+        out = torch.ops.aten.hardtanh.default(y, -0.5, 0.5)
+    torch.testing.assert_close(out.cpu(), (x.cpu() * 2).clamp(-0.5, 0.5))
+
+
+def test_a_compiled_graph_sees_queued_writes(queued):
+    x = torch.zeros(8, device="neuron")
+    x.add_(1.0)
+    x.add_(1.0)
+    assert _is_pending(x)
+    compiled = torch.compile(lambda t: t * 3 + 1, backend="neuron")
+    torch.testing.assert_close(compiled(x).cpu(), torch.full((8,), 7.0))
+
+
+def test_dead_intermediates_are_not_computed_and_limits_flush(queued, monkeypatch):
+    monkeypatch.setattr(adaptive.queue, "limit", 8)
+    x = torch.randn(32).to("neuron")
+    acc = x.clone()
+    acc = acc + x
+    for _ in range(20):
+        acc = acc + x
+    counts = queued()
+    assert counts["flushes"] >= 2  # the limit ran the queue without any read
+    torch.testing.assert_close(acc.cpu(), x.cpu() * 22)
+
+
+def test_shape_errors_are_raised_at_the_op_not_at_the_flush(queued):
+    x, y = torch.randn(3, 4, device="neuron"), torch.randn(5, device="neuron")
+    x + x
+    with pytest.raises(RuntimeError, match="broadcast"):
+        x + y
+    torch.testing.assert_close((x + x).cpu(), x.cpu() * 2)
+
+
+def test_synchronize_runs_the_queue(queued):
+    x = torch.ones(4, device="neuron")
+    x * 5
+    y = x * 5
+    assert _is_pending(y)
+    torch.neuron.synchronize()
+    assert not _is_pending(y)
+    assert adaptive.stats()["queued"] == 0
