@@ -36,7 +36,7 @@ def _loss(model, inputs, targets):
 
 
 def _compile(model, mode):
-    if mode == "eager":
+    if mode in ("eager", "adaptive"):
         return model
     return torch.compile(model, backend="neuron" if mode == "compiled" else "inductor")
 
@@ -68,14 +68,16 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
     for name, factory in factories.items():
         for phase in ("train", "infer"):
             row = {"benchmark": f"{name} {phase} step", "unit": "items/s"}
-            configs = [(device, "eager"), (device, "compiled"), (baseline, "eager"), (baseline, "inductor")]
+            configs = [(device, "eager"), (device, "adaptive"), (device, "compiled"), (baseline, "eager"),
+                       (baseline, "inductor")]
             for target, mode in configs:
                 label = f"{target} {mode}"
-                if smoke and mode != "eager":
+                if smoke and mode not in ("eager", "adaptive"):
                     continue
                 try:
-                    train, infer, items = _step_fns(factory, target, mode)
-                    stats = measure(train if phase == "train" else infer, target, inner=inner, repeats=repeats)
+                    with torch.neuron.adaptive_eager(mode == "adaptive"):
+                        train, infer, items = _step_fns(factory, target, mode)
+                        stats = measure(train if phase == "train" else infer, target, inner=inner, repeats=repeats)
                     row[label] = items / stats["median"]
                 except Exception as exc:  # a configuration that cannot run is reported, not fatal
                     row[label] = f"n/a ({type(exc).__name__})"

@@ -38,14 +38,14 @@ def environment(device_label: str) -> dict:
     }
 
 
-def ratios(row: dict, ours: str) -> dict:
+def ratios(row: dict, ours: str, skip=()) -> dict:
     """Each other column divided by ours, within the row (same run): >1 means ours is slower for us/op."""
     value = row.get(ours)
     if not isinstance(value, (int, float)):
         return {}
     out = {}
     for column, other in row.items():
-        if column in ("benchmark", "unit", ours) or not isinstance(other, (int, float)) or not other:
+        if column in ("benchmark", "unit", ours, *skip) or not isinstance(other, (int, float)) or not other:
             continue
         out[f"{ours} / {column}"] = value / other
     return out
@@ -75,8 +75,11 @@ def main(argv=None) -> dict:
     for name in args.only or SECTIONS:
         print(f"running {name} ...", file=sys.stderr, flush=True)
         rows = SECTIONS[name].run(device, args.smoke, baseline="cuda" if args.gpu else "cpu")
+        ours = [f"{device} adaptive", device] if name != "models" else [f"{device} adaptive", f"{device} eager"]
         for row in rows:
-            row.update(ratios(row, device) if name != "models" else ratios(row, "neuron eager"))
+            measured = dict(row)
+            row.update(ratios(measured, ours[1]))
+            row.update(ratios(measured, ours[0], skip=[ours[1]]))
         report["sections"][name] = rows
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -137,6 +137,20 @@ def test_memory_accounting():
     torch.neuron.empty_cache()
 
 
+def test_deepcopy_is_a_counted_allocation_with_its_own_buffer():
+    import copy
+
+    x = torch.arange(6.0, device="neuron")
+    base = torch.neuron.memory_allocated()
+    y = copy.deepcopy(x)
+    assert torch.neuron.memory_allocated() - base == 24
+    y.add_(1.0)  # donates y's buffer: x must not share it
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert y.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    del y
+    assert torch.neuron.memory_allocated() == base
+
+
 def test_amp_dtypes_advertised():
     assert torch.bfloat16 in torch.neuron.get_amp_supported_dtype()
     assert torch.neuron.is_bf16_supported()

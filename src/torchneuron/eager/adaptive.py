@@ -20,14 +20,19 @@ context manager, or TORCHNEURON_ADAPTIVE_EAGER=1.
 """
 import contextlib
 import os
+import sys
 import threading
-import weakref
 
 import jax
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.storage import Pending
+
+# getrefcount's view of a Pending referenced only by the queue's list (the list, the loop variable, the argument)
+_HELD_ONLY_BY_THE_QUEUE = 3
 
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
 
@@ -39,7 +44,9 @@ class Queue:
         self.lock = threading.RLock()
         self.flushes = 0
         self.ops_fused = 0
+        self.values_kept = 0
         self.replays = 0
+        self._run = self.flush  # one bound method for every Pending
         self._reset()
 
     def _reset(self):
@@ -47,43 +54,42 @@ class Queue:
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
         self.external_index = {}  # id(buffer) -> value number, so a buffer read twice is one input
-        self.outputs = []  # (value number, weak reference to its Pending)
+        self.pendings = []  # every result of a queued op
         self.n_values = 0
         self.device_index = None
 
-    def record(self, executable, buffers, extras) -> list:
-        """Queue one run of `executable` on `buffers` (arrays or Pendings) and `extras` (scalars, key);
-        returns a Pending for each of its outputs."""
+    def record(self, executable, storages, extras) -> list:
+        """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, a random
+        key); returns a Pending for each of its results."""
         with self.lock:
             if self.device_index != executable.device_index:
                 self.flush()
                 self.device_index = executable.device_index
             args = []
-            for buffer in buffers:
-                if type(buffer) is Pending and buffer.array is None:
-                    args.append(buffer.value)
-                else:
-                    args.append(self._external(buffer.array if type(buffer) is Pending else buffer))
+            known = self.external_index
+            for p in executable.argument_storages:
+                buffer = storages[p]._buffer
+                if type(buffer) is Pending:
+                    if buffer.array is None:
+                        args.append(buffer.value)
+                        continue
+                    buffer = buffer.array
+                elif buffer is None:
+                    buffer = storages[p].buffer
+                value = known.get(id(buffer))  # a buffer read twice is one input
+                if value is None:
+                    value = known[id(buffer)] = self._new_external(buffer)
+                args.append(value)
             for extra in extras:
                 args.append(self._new_external(extra))
             first = self.n_values
-            pendings = []
-            run_queue = self.flush
-            for numel in executable.output_sizes:
-                pending = Pending(numel, self.n_values, run_queue)
-                self.outputs.append((self.n_values, weakref.ref(pending)))
-                pendings.append(pending)
-                self.n_values += 1
+            pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
+            self.n_values += len(pendings)
+            self.pendings += pendings
             self.ops.append((executable, tuple(args), first))
             if len(self.ops) >= self.limit:
                 self.flush()
             return pendings
-
-    def _external(self, buffer) -> int:
-        value = self.external_index.get(id(buffer))
-        if value is None:
-            value = self.external_index[id(buffer)] = self._new_external(buffer)
-        return value
 
     def _new_external(self, value) -> int:
         self.externals.append(value)
@@ -96,13 +102,16 @@ class Queue:
             if not self.ops:
                 return
             ops, externals, device_index = self.ops, self.externals, self.device_index
-            live = [(value, pending) for value, ref in self.outputs if (pending := ref()) is not None]
-            kept = tuple(value for value, _ in live)
+            # a result is needed if anything besides this list holds its Pending (a storage does): the
+            # reference count says so without a weak reference per result on the per-op path
+            live = [p for p in self.pendings if sys.getrefcount(p) > _HELD_ONLY_BY_THE_QUEUE]
+            kept = tuple(p.value for p in live)
             key = (tuple((e, args) for e, args, _ in ops), tuple(self.external_values), kept)
             n_values, external_values = self.n_values, self.external_values
             self._reset()
             self.flushes += 1
             self.ops_fused += len(ops)
+            self.values_kept += len(live)
             fused = fused_cache.get(key)
             if fused is None:
                 fused = jax.jit(_fused_program(ops, n_values, external_values, kept))
@@ -112,7 +121,7 @@ class Queue:
             except Exception:
                 self.replays += 1
                 results = _replay(ops, n_values, external_values, externals, kept)
-            for (_, pending), array in zip(live, results):
+            for pending, array in zip(live, results):
                 pending.array = array
             if results:
                 sync.last[device_index] = results[-1]
@@ -145,9 +154,57 @@ def _replay(ops, n_values, external_values, externals, kept):
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
+class _LoopBoundaries:
+    """Runs the queue where a training or inference loop's iterations divide: when the outermost module's
+    forward returns and after each optimizer step. Queues cut only by the op limit would start at a
+    different op in each iteration, and each new structure is a new compile; cut here, iterations
+    replay the same few fused executables. The hooks are installed only while adaptive eager is on
+    (any global module hook makes every module call take PyTorch's slower path)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.handles = []
+
+    def install(self):
+        if not self.handles:
+            self.depth = 0
+            self.handles = [
+                torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+                torch.nn.modules.module.register_module_forward_hook(self._exit, always_call=True),
+                register_optimizer_step_post_hook(self._after_step),
+            ]
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    # torch.compile traces global hooks into its graphs: there they do nothing
+
+    def _enter(self, module, args):
+        if not torch.compiler.is_compiling():
+            self.depth += 1
+
+    def _exit(self, module, args, output):
+        if not torch.compiler.is_compiling():
+            self.depth -= 1
+            if self.depth == 0:
+                queue.flush()
+
+    def _after_step(self, optimizer, args, kwargs):
+        if not torch.compiler.is_compiling():
+            queue.flush()
+
+
+_boundaries = _LoopBoundaries()
+
+
 def set_enabled(enabled: bool) -> None:
-    if not enabled:
+    if enabled:
+        _boundaries.install()
+    else:
         queue.flush()
+        _boundaries.remove()
     queue.enabled = bool(enabled)
 
 
@@ -174,6 +231,7 @@ def stats() -> dict:
         "queued": len(queue.ops),
         "flushes": queue.flushes,
         "ops_fused": queue.ops_fused,
+        "values_kept": queue.values_kept,
         "replays": queue.replays,
         "fused_cache": fused_cache.stats(),
     }

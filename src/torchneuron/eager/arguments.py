@@ -23,13 +23,20 @@ class ScalarSlot(int):
         return f"S{int(self)}"
 
 
-# slot objects are reused: building them is measurable on the per-op path
-_TENSOR_SLOTS = tuple(TensorSlot(i) for i in range(64))
-_SCALAR_SLOTS = tuple(ScalarSlot(i) for i in range(64))
+class _Slots(dict):
+    """Slot objects by index, each built once: building them is measurable on the per-op path."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def __missing__(self, index):
+        slot = self[index] = self.cls(index)
+        return slot
 
 
-def _slot(slots, cls, index):
-    return slots[index] if index < len(slots) else cls(index)
+TENSOR_SLOTS = _Slots(TensorSlot)
+_SCALAR_SLOTS = _Slots(ScalarSlot)
 
 
 def template(value, tensors: list, scalars: list, dynamic_floats: bool):
@@ -37,15 +44,15 @@ def template(value, tensors: list, scalars: list, dynamic_floats: bool):
     kind = type(value)
     if kind is NeuronTensor:
         tensors.append(value)
-        return _slot(_TENSOR_SLOTS, TensorSlot, len(tensors) - 1)
+        return TENSOR_SLOTS[len(tensors) - 1]
     if kind is float and dynamic_floats:
         scalars.append(value)
-        return _slot(_SCALAR_SLOTS, ScalarSlot, len(scalars) - 1)
+        return _SCALAR_SLOTS[len(scalars) - 1]
     if kind is list or kind is tuple:
         return tuple(template(v, tensors, scalars, dynamic_floats) for v in value)
     if isinstance(value, torch.Tensor):
         tensors.append(value)  # a CPU (or other) tensor: the dispatcher checks and moves it
-        return _slot(_TENSOR_SLOTS, TensorSlot, len(tensors) - 1)
+        return TENSOR_SLOTS[len(tensors) - 1]
     return value
 
 

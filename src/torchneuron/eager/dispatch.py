@@ -22,7 +22,7 @@ from ..runtime.dtypes import to_jax
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from . import adaptive, fallback, special, views
-from .arguments import fill, template
+from .arguments import TENSOR_SLOTS, fill, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -91,22 +91,22 @@ class Compute:
         self.drop_kwargs = set(self.mutated_names) if registry.is_out(func) else set()
 
     def __call__(self, func, args, kwargs):
-        tensors, scalars = [], []
+        # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
+        # (aliasing is part of the program); top-level neuron tensors, the common case, are slotted inline
+        tensors, scalars, targs = [], [], []
         dynamic = self.dynamic_floats
-        targs = tuple([template(a, tensors, scalars, dynamic) for a in args])
+        for a in args:
+            if type(a) is NeuronTensor:
+                targs.append(TENSOR_SLOTS[len(tensors)])
+                tensors.append(a)
+            else:
+                targs.append(template(a, tensors, scalars, dynamic))
+        targs = tuple(targs)
         tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
-        # one pass: which storage each tensor views (aliasing is part of the program) and how
-        storages, index, views = [], {}, []
-        for t in tensors:
-            if type(t) is not NeuronTensor:
-                special.bring_to_device(tensors)
-                return self(func, *_refilled(targs, tkwargs, tensors, scalars))
-            s = t._storage
-            i = index.get(s)
-            if i is None:
-                i = index[s] = len(storages)
-                storages.append(s)
-            views.append((t._spec, i, s.numel))
+        storages, views = _storage_views(tensors)
+        if storages is None:
+            special.bring_to_device(tensors)
+            return self(func, *_refilled(targs, tkwargs, tensors, scalars))
         key = (func, targs, tkwargs, tuple(views), tuple(map(type, scalars)) if scalars else ())
         entry = eager_cache.get(key)
         if entry is None:
@@ -121,6 +121,22 @@ class Compute:
             eager_cache.put(key, fallback.run_on_cpu)
             fallback.note_failure(func, failure.cause)
             return fallback.run_on_cpu(func, args, kwargs)
+
+
+def _storage_views(tensors):
+    """The storages the tensors view, and each one's view and storage number (None, None if any is not a
+    neuron tensor)."""
+    storages, views, index = [], [], {}
+    for t in tensors:
+        if type(t) is not NeuronTensor:
+            return None, None
+        s = t._storage
+        i = index.get(s)
+        if i is None:
+            i = index[s] = len(storages)
+            storages.append(s)
+        views.append((t._spec, i, s.numel))
+    return storages, views
 
 
 def _refilled(targs, tkwargs, tensors, scalars):
@@ -225,11 +241,12 @@ class Executable:
         self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
         self.traced = False
         self.output_sizes = None  # the flat length of each result, known once it has run
+        self.queueable = False  # by adaptive eager, once it has run
         self.check_errors = []
 
     def run(self, tensors, storages, scalars):
         queue = adaptive.queue
-        if queue.enabled and self.traced and not self.check_errors:
+        if queue.enabled and self.queueable:
             return self._record(queue, tensors, storages, scalars)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
@@ -250,18 +267,15 @@ class Executable:
                 raise LoweringFailed(self.op, exc) from None
             self.traced = True
             self.output_sizes = [r.size for r in results]
+            self.queueable = not self.check_errors  # device-side checks need each op's own results
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
 
     def _record(self, queue, tensors, storages, scalars):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
-        buffers = []
-        for p in self.argument_storages:
-            buffer = storages[p]._buffer
-            buffers.append(storages[p].buffer if buffer is None else buffer)
         extras = scalars + [rng.next_key(self.device_index)] if self.random else scalars
-        return self._outputs(queue.record(self, buffers, extras), tensors, storages)
+        return self._outputs(queue.record(self, storages, extras), tensors, storages)
 
     def _outputs(self, results, tensors, storages):
         if not results:

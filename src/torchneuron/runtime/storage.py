@@ -57,6 +57,10 @@ class Storage:
     def __del__(self):
         self.account.allocated -= self.nbytes
 
+    def __deepcopy__(self, memo):
+        # a new allocation, counted as one, with its own buffer: a shared one could be donated under it
+        return Storage(self.numel, self.dtype, self.device_index, None if self._buffer is None else jnp.copy(self.buffer))
+
     @property
     def buffer(self) -> jax.Array:
         buffer = self._buffer
