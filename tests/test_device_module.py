@@ -56,6 +56,16 @@ else:
     raise AssertionError("mixing devices must raise")
 p = torch.nn.Linear(3, 1).to("neuron:1")
 assert p(a).device.index == 1
+# the buffers themselves are on the second device, also for results that depend on no input buffer
+def placed(t):
+    return {d.id for d in t._storage.buffer.devices()}
+made = [torch.ones(3, device="neuron:1"), torch.arange(3, device="neuron:1"), torch.randn(3, device="neuron:1"),
+        torch.empty(3, device="neuron:1").fill_(2.0), torch.zeros(3, device="neuron:1") * 2]
+assert all(placed(t) == {1} for t in made), [placed(t) for t in made]
+with torch.neuron.adaptive_eager():
+    for _ in range(2):
+        queued = torch.full((2,), 3.0, device="neuron:1") + 1
+assert placed(queued) == {1} and queued.cpu().tolist() == [4.0, 4.0]
 print("ok")
 """
 

@@ -25,10 +25,12 @@ import threading
 
 import jax
 import torch
+from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import sync
 from ..runtime.cache import ExecutableCache
+from ..runtime.platform import jax_device
 from ..runtime.storage import Pending
 
 # getrefcount's view of a Pending referenced only by the queue's list (the list, the loop variable, the argument)
@@ -114,7 +116,9 @@ class Queue:
             self.values_kept += len(live)
             fused = fused_cache.get(key)
             if fused is None:
-                fused = jax.jit(_fused_program(ops, n_values, external_values, kept))
+                # placed explicitly, as eager executables are (results may depend on no input buffer)
+                placed = SingleDeviceSharding(jax_device(device_index))
+                fused = jax.jit(_fused_program(ops, n_values, external_values, kept), out_shardings=placed)
                 fused_cache.put(key, fused)
             try:
                 results = fused(*externals)

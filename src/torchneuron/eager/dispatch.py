@@ -12,6 +12,7 @@ import warnings
 
 import jax
 import torch
+from jax.sharding import SingleDeviceSharding
 
 from ..device import rng
 from ..ops import checks, registry
@@ -19,6 +20,7 @@ from ..ops.graph import lowering_for
 from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
+from ..runtime.platform import jax_device
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from . import adaptive, fallback, special, views
@@ -173,7 +175,7 @@ class Executable:
 
     def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars):
         _check_same_device(tensors)
-        self.device_index = tensors[0]._spec[4] if tensors else 0
+        self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
         specs = [t._spec for t in tensors]
         bases = {}
         meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
@@ -238,7 +240,10 @@ class Executable:
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
         self.program = program
-        self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)))
+        # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
+        # land on JAX's default device
+        placed = SingleDeviceSharding(jax_device(self.device_index))
+        self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)), out_shardings=placed)
         self.traced = False
         self.output_sizes = None  # the flat length of each result, known once it has run
         self.queueable = False  # by adaptive eager, once it has run
@@ -296,6 +301,12 @@ class Executable:
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
         return _build_output(self.plan, tensors, fresh)
+
+
+def _factory_device_index(tkwargs) -> int:
+    device = dict(tkwargs).get("device")
+    index = None if device is None else torch.device(device).index
+    return torch.neuron.current_device() if index is None else index
 
 
 def _check_no_internal_overlap(spec):

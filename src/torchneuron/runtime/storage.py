@@ -65,8 +65,8 @@ class Storage:
     def buffer(self) -> jax.Array:
         buffer = self._buffer
         if buffer is None:
-            with jax.default_device(jax_device(self.device_index)):
-                buffer = self._buffer = jnp.zeros((self.numel,), to_jax(self.dtype))
+            # committed to its device: programs reading only uncommitted arrays run on the default device
+            buffer = self._buffer = jnp.zeros((self.numel,), to_jax(self.dtype), device=jax_device(self.device_index))
         elif type(buffer) is Pending:
             buffer = self._buffer = buffer.resolve()
         return buffer
