@@ -5,10 +5,11 @@ import jax.scipy.special as special
 import torch
 from jax import lax
 
-from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote
+from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote, scalar_type_name
 from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def _register_all(table, kind):
@@ -190,15 +191,10 @@ def angle(x):
     return jnp.where(jnp.isnan(v), v, jnp.where(v < 0, jnp.pi, 0.0)).astype(result)
 
 
-def _scalar_type_name(dtype) -> str:
-    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
-
-
 def _check_complex_parts(a, b, **out):
     """The CPU kernels' checks, which PyTorch's meta kernel makes with other exceptions or not at all."""
     floating = (torch.float16, torch.float32, torch.float64)
-    names = _scalar_type_name(a.dtype), _scalar_type_name(b.dtype)
+    names = scalar_type_name(a.dtype), scalar_type_name(b.dtype)
     torch._check(
         a.dtype in floating and b.dtype in floating,
         lambda: f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}",
@@ -208,7 +204,7 @@ def _check_complex_parts(a, b, **out):
         lambda: f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second argument",
     )
     if out:
-        wanted, given = _scalar_type_name(a.dtype.to_complex()), _scalar_type_name(out["out"].dtype)
+        wanted, given = scalar_type_name(a.dtype.to_complex()), scalar_type_name(out["out"].dtype)
         torch._check(
             wanted == given,
             lambda: f"Expected object of scalar type {wanted} but got scalar type {given} for argument 'out'",
@@ -264,6 +260,32 @@ def remainder(x, y):
 def fmod(x, y):
     (x, y), result = promote(x, y)
     return jnp.fmod(x, y).astype(result)
+
+
+def _gcd(a, b):
+    """Euclid's algorithm as PyTorch's kernel runs it: truncated remainders of absolute values that wrap,
+    so gcd(-128, 6) is -2 in int8. |a| shrinks every step (the wrapped minimum turns into |b| first);
+    finished elements (a == 0) keep a = b % 1 = 0."""
+
+    def step(pair):
+        a, b = pair
+        live = a != 0
+        return lax.rem(b, jnp.where(live, a, 1)), jnp.where(live, a, b)
+
+    pair = tuple(jnp.broadcast_arrays(jnp.abs(a), jnp.abs(b)))
+    return lax.while_loop(lambda pair: jnp.any(pair[0] != 0), step, pair)[1]
+
+
+def _lcm(a, b):
+    """|a / gcd * b|, computed in C's int for narrower types (so the absolute value is taken before narrowing)."""
+    dtype = a.dtype
+    a, b = (v.astype(jnp.promote_types(dtype, jnp.int32)) for v in (a, b))
+    g = _gcd(a, b)
+    return jnp.where(g == 0, 0, jnp.abs(lax.div(a, jnp.where(g == 0, 1, g)) * b)).astype(dtype)
+
+
+lower(aten.gcd.default, prims.gcd.default)(elementwise(_gcd))
+lower(aten.lcm.default)(elementwise(_lcm))
 
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)

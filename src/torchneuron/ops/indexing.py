@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import torch
 
 from . import checks
-from .promotion import cast
+from ..runtime.dtypes import to_torch
+from .promotion import cast, scalar_type_name
 from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
@@ -197,6 +198,32 @@ def index_fill(x, dim, index, value):
 @lower(aten.nonzero, dynamic_shape=True)
 def nonzero(x):
     return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)
+
+
+def _check_bincount(x, weights, minlength):
+    """The CPU kernel's checks, in its order (it has no meta kernel to make them)."""
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise NotImplementedError(f'"bincount" not implemented for \'{scalar_type_name(to_torch(x.dtype))}\'')
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if x.ndim != 1 or (x.size and int(jnp.min(x)) < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and weights.shape != x.shape:
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+
+
+@lower(aten.bincount, dynamic_shape=True)
+def bincount(x, weights=None, minlength=0):
+    """One bin per value up to the largest: the output's length is the data's."""
+    _check_bincount(x, weights, minlength)
+    if x.size == 0:
+        # the CPU kernel returns long zeros for an empty input, weights or not
+        return jnp.zeros(minlength, jnp.int64)
+    length = max(int(jnp.max(x)) + 1, minlength)
+    if weights is None:
+        return jnp.zeros(length, jnp.int64).at[x].add(1)
+    dtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64
+    return jnp.zeros(length, dtype).at[x].add(weights.astype(dtype))
 
 
 @lower(aten.masked_select, dynamic_shape=True)

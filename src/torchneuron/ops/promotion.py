@@ -62,6 +62,11 @@ def elementwise(fn, kind=DEFAULT):
     return lowering
 
 
+def scalar_type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
 def torch_dtype(value) -> torch.dtype:
     return to_torch(value.dtype)
 

@@ -225,7 +225,8 @@ def _cum_extreme(x, dim, scan):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = dim % x.ndim
-    values = scan(x, axis=axis)
+    # lax's scans take no booleans
+    values = scan(x.astype(jnp.uint8), axis=axis).astype(x.dtype) if x.dtype == jnp.bool_ else scan(x, axis=axis)
     positions = lax.broadcasted_iota(jnp.int64, x.shape, axis)
     hits = jnp.where(x == values, positions, -1)
     return values, lax.cummax(hits, axis=axis)
