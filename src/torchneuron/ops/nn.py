@@ -208,6 +208,99 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[flat].add(g).astype(grad.dtype)
 
 
+_EMBEDDING_BAG_SUM, _EMBEDDING_BAG_MEAN, _EMBEDDING_BAG_MAX = 0, 1, 2
+
+
+def _rows(x, index, fill=0):
+    """x[index] along axis 0, `fill` where index is out of range (jnp.take refuses an empty x)."""
+    if x.shape[0] == 0:
+        return jnp.full(index.shape + x.shape[1:], fill, x.dtype)
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=fill)
+
+
+def _bags(indices, offsets, include_last_offset, padding_idx):
+    """Each index's bag (num_bags, out of range, past an include_last_offset end), its use, and the bag count."""
+    num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    if offsets.shape[0]:
+        checks.require(offsets[0] == 0, RuntimeError,
+                       "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0.")
+        checks.require(offsets[-1] <= indices.shape[0], RuntimeError,
+                       f"offsets[-1] can not be greater than input's length {indices.shape[0]}")
+    bag = jnp.searchsorted(offsets, jnp.arange(indices.shape[0], dtype=offsets.dtype), side="right") - 1
+    bag = jnp.where(bag < 0, num_bags, bag).astype(indices.dtype)
+    used = (bag < num_bags) & (indices != padding_idx) if padding_idx >= 0 else bag < num_bags
+    return bag, used, num_bags
+
+
+def _embedding_bag_max(rows, indices, bag, used, num_bags):
+    """Per-bag maxima and the first index reaching them (-1 for an empty bag), as PyTorch's CPU kernel picks."""
+    values = jax.ops.segment_max(jnp.where(used[:, None], rows, -jnp.inf), bag, num_bags)
+    position = jnp.arange(indices.shape[0])[:, None]
+    hits = used[:, None] & (rows == _rows(values, bag, jnp.nan))
+    first = jax.ops.segment_min(jnp.where(hits, position, indices.shape[0]), bag, num_bags)
+    winners = _rows(indices, first, -1)
+    return jnp.where(winners >= 0, values, 0), winners
+
+
+@lower(aten._embedding_bag, aten._embedding_bag_forward_only)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                  include_last_offset=False, padding_idx=-1):
+    checks.require((indices >= 0) & (indices < weight.shape[0]), RuntimeError,
+                   "embedding_bag: Expected idx >= 0 && idx < num_embeddings")
+    bag, used, num_bags = _bags(indices, offsets, include_last_offset, padding_idx)
+    # bag sizes count only non-padding indices; one slot per offset, as the CUDA kernel lays them out
+    bag_size = jax.ops.segment_sum(used.astype(indices.dtype), bag, offsets.shape[0])
+    rows = _rows(opmath(weight), indices)
+    if mode == _EMBEDDING_BAG_MAX:
+        out, max_indices = _embedding_bag_max(rows, indices, bag, used, num_bags)
+        return out.astype(weight.dtype), bag, bag_size, max_indices.astype(indices.dtype)
+    if per_sample_weights is not None:
+        rows = rows * opmath(per_sample_weights)[:, None]
+    out = jax.ops.segment_sum(jnp.where(used[:, None], rows, 0), bag, num_bags).astype(weight.dtype)
+    if mode == _EMBEDDING_BAG_MEAN:
+        out = out / jnp.maximum(bag_size[:num_bags], 1).astype(weight.dtype)[:, None]
+    return out, bag, bag_size, jnp.zeros((0,), indices.dtype)
+
+
+@lower(aten._embedding_bag_dense_backward)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
+                                 mode, per_sample_weights=None, padding_idx=-1):
+    g = opmath(grad)
+    out = jnp.zeros((num_weights, g.shape[1]), g.dtype)
+    if mode == _EMBEDDING_BAG_MAX:
+        rows = jnp.where(maximum_indices < 0, num_weights, maximum_indices)
+        return out.at[rows, jnp.arange(g.shape[1])].add(g, mode="drop").astype(grad.dtype)
+    used = offset2bag < g.shape[0]
+    if padding_idx >= 0:
+        used = used & (indices != padding_idx)
+    scale = used.astype(g.dtype)
+    if scale_grad_by_freq:
+        scale = scale / jnp.zeros((num_weights,), g.dtype).at[indices].add(1)[indices]
+    if mode == _EMBEDDING_BAG_MEAN:
+        scale = scale / _rows(jnp.maximum(bag_size, 1).astype(g.dtype), offset2bag, 1)
+    if per_sample_weights is not None:
+        scale = scale * opmath(per_sample_weights)
+    return out.at[indices].add(_rows(g, offset2bag) * scale[:, None], mode="drop").astype(grad.dtype)
+
+
+@lower(aten._embedding_bag_backward)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("torchneuron: sparse gradients")  # no sparse layout on neuron: the CPU fallback
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    g = opmath(grad)
+    out = jnp.sum(_rows(g, offset2bag) * _rows(opmath(weight), indices), axis=1)
+    if padding_idx >= 0:
+        out = jnp.where(indices == padding_idx, 0, out)
+    return out.astype(grad.dtype)
+
+
 def _conv_dimension_numbers(n):
     spatial = "DHW"[-n:] if n <= 3 else None
     return (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
