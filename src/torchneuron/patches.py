@@ -217,21 +217,27 @@ def tangents_accept_neuron_tensors() -> None:
     NeuronTensor.__coerce_same_metadata_as_tangent__ = coerce_same_metadata_as_tangent
 
 
+# the runtime and the libraries it runs on, which Dynamo must leave alone
+_RUNTIME_PACKAGES = ("torchneuron", "jax", "jaxlib")
+
+
 def dynamo_skips_torchneuron_frames() -> None:
     """Dynamo compiles every Python frame that runs while a compiled function is active and that is not
     in its skip list. Eager code between graphs (a graph break's `bool(tensor)`, an op run eagerly)
-    enters our dispatcher in Python, and Dynamo would try to trace the runtime itself."""
+    enters our dispatcher in Python, and Dynamo would try to trace the runtime itself, and JAX's own
+    Python when an op's first run traces its lowering (Dynamo's numpy support then breaks JAX)."""
     from torch._dynamo import trace_rules
 
-    if not _skipped_by_dynamo():
-        trace_rules.add("torchneuron")
+    for package in _RUNTIME_PACKAGES:
+        if not _skipped_by_dynamo(package):
+            trace_rules.add(package)
 
 
-def _skipped_by_dynamo() -> bool:
+def _skipped_by_dynamo(package: str = "torchneuron") -> bool:
     from torch._dynamo import trace_rules
 
-    package = os.path.dirname(os.path.abspath(__file__))
-    return any(os.path.abspath(d) == package for d in trace_rules.SKIP_DIRS if os.path.isabs(d))
+    directory = os.path.dirname(os.path.abspath(importlib.import_module(package).__file__))
+    return any(os.path.abspath(d) == directory for d in trace_rules.SKIP_DIRS if os.path.isabs(d))
 
 
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
@@ -266,5 +272,5 @@ def applied() -> dict:
             VariableBuilder._type_dispatch_impl, "neuron_patched", False
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
-        "dynamo_skips_torchneuron_frames": _skipped_by_dynamo(),
+        "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
     }

@@ -25,6 +25,7 @@ import threading
 
 import jax
 import torch
+import torch._dynamo
 from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -158,6 +159,10 @@ def _replay(ops, n_values, external_values, externals, kept):
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
+# torch < 2.13 lacks it: its compiled graphs break at the hooks, which is slower but correct
+_traceable_by_dynamo = getattr(torch._dynamo, "dont_skip_tracing", lambda fn: fn)
+
+
 class _LoopBoundaries:
     """Runs the queue where a training or inference loop's iterations divide: when the outermost module's
     forward returns and after each optimizer step. Queues cut only by the op limit would start at a
@@ -183,24 +188,30 @@ class _LoopBoundaries:
             handle.remove()
         self.handles = []
 
-    # torch.compile traces global hooks into its graphs: there they do nothing
+    # torch.compile traces global hooks into its graphs (Dynamo skips torchneuron's frames, so these are
+    # marked traceable, or each would break the graph): there they do nothing. Around a compiled module
+    # they run eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
 
+    @_traceable_by_dynamo
     def _enter(self, module, args):
         if not torch.compiler.is_compiling():
             self.depth += 1
 
+    @_traceable_by_dynamo
     def _exit(self, module, args, output):
         if not torch.compiler.is_compiling():
             self.depth -= 1
             if self.depth == 0:
-                queue.flush()
+                _flush_outside_dynamo()
 
+    @_traceable_by_dynamo
     def _after_step(self, optimizer, args, kwargs):
         if not torch.compiler.is_compiling():
-            queue.flush()
+            _flush_outside_dynamo()
 
 
 _boundaries = _LoopBoundaries()
+_flush_outside_dynamo = torch.compiler.disable(queue.flush)
 
 
 def set_enabled(enabled: bool) -> None:
