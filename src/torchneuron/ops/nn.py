@@ -1,9 +1,12 @@
 """Neural-network ops: softmax, losses, normalisation, embedding, convolution, dropout."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..runtime.dtypes import to_torch
 from . import checks
 from .graph import vjp
 from .promotion import cast, opmath
@@ -396,6 +399,119 @@ def _reduce(losses, reduction):
     if reduction == 1:
         return jnp.mean(opmath(losses)).astype(losses.dtype)
     return jnp.sum(opmath(losses)).astype(losses.dtype)
+
+
+def _padded_targets(targets, target_lengths, max_length):
+    """Targets as (batch, max_length), from padded 2-D or concatenated 1-D targets; -1 past each length."""
+    lengths = jnp.asarray(target_lengths)
+    positions = jnp.arange(max_length)
+    if targets.ndim == 2:
+        padded = targets[:, :max_length]
+    elif max_length == 0:
+        padded = jnp.zeros((lengths.shape[0], 0), targets.dtype)
+    else:
+        starts = jnp.cumsum(lengths) - lengths
+        padded = targets[jnp.clip(starts[:, None] + positions, 0, targets.shape[0] - 1)]
+    return jnp.where(positions < lengths[:, None], padded, -1)
+
+
+def _logsumexp(*terms):
+    """log of the sum of exp(terms): -inf when all are, with zero (not nan) gradients there, unlike jnp.logaddexp."""
+    top = lax.stop_gradient(functools.reduce(jnp.maximum, terms))
+    top = jnp.where(jnp.isneginf(top), 0, top)
+    total = sum(jnp.exp(t - top) for t in terms)
+    return jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1)), -jnp.inf) + top
+
+
+def _ctc_alphas(log_probs, targets, input_lengths, target_lengths, max_length, blank):
+    """log alpha over time (T + 1, batch, 2L + 1), the first row the start before any input.
+
+    States alternate blank and target label; a state is entered from itself, the one before, or
+    the one two before when that holds a different label. Starting from a virtual state before
+    the first blank makes the first step the same recursion as every other.
+    """
+    lp = opmath(log_probs)
+    labels = _padded_targets(targets, target_lengths, max_length)
+    batch, length = labels.shape
+    extended = jnp.full((batch, 2 * length + 1), blank, labels.dtype).at[:, 1::2].set(jnp.maximum(labels, 0))
+    emissions = jnp.take_along_axis(lp, jnp.broadcast_to(extended, (lp.shape[0],) + extended.shape), axis=2)
+    states = jnp.arange(extended.shape[1])
+    valid = states < 2 * jnp.asarray(target_lengths)[:, None] + 1
+    skip = (states >= 2) & (extended != jnp.roll(extended, 2, axis=1))
+    neginf = jnp.full((batch, 1), -jnp.inf, lp.dtype)
+
+    def step(alpha, emission):
+        before = jnp.concatenate([neginf, alpha[:, :-1]], axis=1)
+        two_before = jnp.where(skip, jnp.concatenate([neginf, before[:, :-1]], axis=1), -jnp.inf)
+        alpha = _logsumexp(alpha, before, two_before) + emission
+        alpha = jnp.where(valid, alpha, -jnp.inf)
+        return alpha, alpha
+
+    start = jnp.broadcast_to(jnp.where(states == 0, 0, -jnp.inf).astype(lp.dtype), extended.shape)
+    _, alphas = lax.scan(step, start, emissions)
+    return jnp.concatenate([start[None], alphas])
+
+
+def _ctc_nll(alphas, input_lengths, target_lengths):
+    """-log of the probability of ending in the last label or the blank after it, at each input's end."""
+    batch = jnp.arange(alphas.shape[1])
+    last = alphas[jnp.asarray(input_lengths), batch]
+    ends = 2 * jnp.asarray(target_lengths)
+    final_blank = last[batch, ends]
+    final_label = jnp.where(ends > 0, last[batch, jnp.maximum(ends - 1, 0)], -jnp.inf)
+    return -_logsumexp(final_blank, final_label)
+
+
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, max_length, blank):
+    alphas = _ctc_alphas(log_probs, targets, input_lengths, target_lengths, max_length, blank)
+    nll = _ctc_nll(alphas, input_lengths, target_lengths)
+    # past each input's end nothing is reachable
+    steps = jnp.arange(alphas.shape[0] - 1)[:, None, None]
+    log_alpha = jnp.where(steps < jnp.asarray(input_lengths)[:, None], alphas[1:], -jnp.inf)
+    return nll.astype(log_probs.dtype), jnp.transpose(log_alpha, (1, 0, 2)).astype(log_probs.dtype)
+
+
+# lengths given as tensors run outside any compiled program: compile once per shape, not per lengths
+_ctc_forward_compiled = jax.jit(_ctc_forward, static_argnames=("max_length", "blank"))
+
+
+@lower(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    return _ctc_forward(log_probs, targets, input_lengths, target_lengths, max(target_lengths, default=0), blank)
+
+
+@lower(aten._ctc_loss.Tensor, dynamic_shape=True)  # log_alpha's last size is twice the longest target, plus one
+def ctc_loss_lengths_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    input_lengths, target_lengths = input_lengths.reshape(-1).tolist(), target_lengths.reshape(-1).tolist()
+    # this overload has no meta kernel: the int-list one's raises the CPU's errors
+    aten._ctc_loss.default(_meta(log_probs), _meta(targets), input_lengths, target_lengths, blank)
+    return _ctc_forward_compiled(log_probs, targets, jnp.asarray(input_lengths), jnp.asarray(target_lengths),
+                                 max_length=max(target_lengths, default=0), blank=blank)
+
+
+def _meta(x):
+    return torch.empty(x.shape, dtype=to_torch(x.dtype), device="meta")
+
+
+@lower(aten._ctc_loss_backward, meta=meta_like_input)
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                      blank, zero_infinity=False):
+    max_length = (log_alpha.shape[2] - 1) // 2
+    input_lengths, target_lengths = jnp.asarray(input_lengths).reshape(-1), jnp.asarray(target_lengths).reshape(-1)
+
+    def nll(lp):
+        alphas = _ctc_alphas(lp, targets, input_lengths, target_lengths, max_length, blank)
+        return _ctc_nll(alphas, input_lengths, target_lengths)
+
+    g = opmath(grad)
+    infinite = jnp.isinf(opmath(neg_log_likelihood))
+    dlp = vjp(nll, jnp.where(infinite, 0, g), (opmath(log_probs),))[0]
+    # PyTorch's kernel gives the gradient as if log_probs came from a log_softmax of logits; its
+    # exp(log_probs) term cancels through log_softmax's backward (pytorch/pytorch#52241)
+    inside = jnp.arange(log_probs.shape[0])[:, None, None] < jnp.asarray(input_lengths)[:, None]
+    dlp = dlp + jnp.where(inside, jnp.exp(opmath(log_probs)) * g[:, None], 0)
+    # an impossible alignment has no gradient: nan, or zero when asked to ignore it
+    return jnp.where(inside & infinite[:, None], 0 if zero_infinity else jnp.nan, dlp).astype(log_probs.dtype)
 
 
 @lower(aten.hardshrink_backward, aten.softshrink_backward)
