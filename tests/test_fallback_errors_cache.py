@@ -159,3 +159,14 @@ def test_an_error_inside_backward_is_raised_by_backward():
     """Raised on the autograd device thread it used to abort the process; now backward() raises it."""
     run = subprocess.run([sys.executable, "-c", _ERROR_IN_BACKWARD], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "survived" in run.stdout, run.stderr[-3000:]
+
+
+def test_float_arguments_keep_their_value_sign_and_weak_type():
+    """Python floats reach executables as cached device scalars: -0.0 must not reuse 0.0's, NaN and
+    changing values must be honoured, and a float32 tensor times a float stays float32."""
+    x = torch.ones(3, device="neuron")
+    assert torch.signbit((x * -0.0).cpu()).all() and not torch.signbit((x * 0.0).cpu()).any()
+    assert torch.isnan((x * float("nan")).cpu()).all()
+    for lr in (0.1, 0.2, 0.3):
+        assert (x * lr).dtype == torch.float32
+        torch.testing.assert_close((x * lr).cpu(), torch.full((3,), lr))

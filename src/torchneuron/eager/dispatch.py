@@ -21,6 +21,7 @@ from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device
+from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from . import adaptive, fallback, special, views
@@ -260,7 +261,7 @@ class Executable:
             buffer = storages[p]._buffer
             flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
         if scalars:
-            flat += scalars
+            flat += _device_scalars(scalars, self.device_index)
         if self.random:
             flat.append(rng.next_key(self.device_index))
         if self.traced:
@@ -279,7 +280,9 @@ class Executable:
 
     def _record(self, queue, tensors, storages, scalars):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
-        extras = scalars + [rng.next_key(self.device_index)] if self.random else scalars
+        extras = _device_scalars(scalars, self.device_index) if scalars else []
+        if self.random:
+            extras.append(rng.next_key(self.device_index))
         return self._outputs(queue.record(self, storages, extras), tensors, storages)
 
     def _outputs(self, results, tensors, storages):
@@ -301,6 +304,10 @@ class Executable:
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
         return _build_output(self.plan, tensors, fresh)
+
+
+def _device_scalars(scalars, device_index) -> list:
+    return [device_scalar(s, device_index) for s in scalars]
 
 
 def _factory_device_index(tkwargs) -> int:
