@@ -182,3 +182,20 @@ def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):
             step()
         misses, hits = (adaptive.fused_cache.stats()[k] - before[k] for k in ("misses", "hits"))
         assert misses == 0 and hits >= 6, (step.__name__, misses, hits)
+
+
+def test_a_failing_fused_program_is_replayed_op_by_op(queued, monkeypatch):
+    def unusable(*args):
+        def fail(*externals):
+            raise RuntimeError("this fused program cannot be compiled")
+
+        return fail
+
+    monkeypatch.setattr(adaptive, "_fused_program", unusable)
+    x = torch.randn(6).to("neuron")
+    for _ in range(2):
+        y = x * 3.0
+        y.add_(1.0)
+        z = y.sum()
+    torch.testing.assert_close(z.cpu(), (x.cpu() * 3.0 + 1.0).sum())
+    assert queued()["replays"] >= 1

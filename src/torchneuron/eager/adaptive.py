@@ -132,28 +132,29 @@ class Queue:
                 sync.last[device_index] = results[-1]
 
 
+def _evaluate(ops, n_values, external_values, externals, kept, run_op):
+    """The queue's kept values, each op run by `run_op(executable, arguments)`."""
+    values = [None] * n_values
+    for number, value in zip(external_values, externals):
+        values[number] = value
+    for executable, args, first in ops:
+        results = run_op(executable, [values[a] for a in args])
+        values[first : first + len(results)] = results
+    return tuple(values[v] for v in kept)
+
+
 def _fused_program(ops, n_values, external_values, kept):
+    """One traceable function of the queue: each op's program inlined (its eager executable's jit is not)."""
+
     def fused(*externals):
-        values = [None] * n_values
-        for number, value in zip(external_values, externals):
-            values[number] = value
-        for executable, args, first in ops:
-            results = executable.program(*[values[a] for a in args])
-            values[first : first + len(results)] = results
-        return tuple(values[v] for v in kept)
+        return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program(*args))
 
     return fused
 
 
 def _replay(ops, n_values, external_values, externals, kept):
     """The queue op by op, each through its own (already compiled) executable."""
-    values = [None] * n_values
-    for number, value in zip(external_values, externals):
-        values[number] = value
-    for executable, args, first in ops:
-        results = executable.compiled(*[values[a] for a in args])
-        values[first : first + len(results)] = results
-    return tuple(values[v] for v in kept)
+    return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.compiled(*args))
 
 
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
