@@ -18,3 +18,10 @@ def test_bench_smoke_writes_reports(tmp_path):
     gpt = next(r for r in report["sections"]["models"] if r["benchmark"] == "gpt train step")
     assert gpt["neuron adaptive"] > 0 and gpt["neuron eager"] > 0
     assert "| add 16x16 |" in (tmp_path / "report.md").read_text()
+
+
+def test_fixed_cost_prints_every_op():
+    out = subprocess.run([sys.executable, "-m", "bench.fixed_cost", "--calls", "5", "--repeats", "1"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and ("16x16" in line or "add_" in line)]
+    assert len(rows) == 3 and all(len(r.split("|")) == 9 for r in rows), out

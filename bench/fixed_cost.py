@@ -1,0 +1,70 @@
+"""Fixed cost per small op as CPU time of the calling thread, robust to a busy machine.
+
+    python -m bench.fixed_cost
+
+Wall-clock medians (bench.run's micro section) move with whatever else runs on the machine; the
+minimum thread CPU time over many repeats does much less, so it is how before/after comparisons of
+the eager fast path are made. Each figure is µs per call, min over `--repeats` runs of `--calls`
+calls; ratios are within this one run.
+"""
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+
+import torchneuron  # noqa: F401
+
+
+def thread_time_per_call(fn, calls: int, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - start) / calls)
+    return best * 1e6
+
+
+def _cases(device: str) -> dict:
+    a, b = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
+    return {"add 16x16": lambda: a + b, "mul 16x16": lambda: a * b, "in-place add_": lambda: a.add_(1.0)}
+
+
+def _bare_jit_cases() -> dict:
+    a, b = jnp.ones((16, 16), jnp.float32), jnp.ones((16, 16), jnp.float32)
+    add, mul = jax.jit(jnp.add), jax.jit(jnp.multiply)
+    return {"add 16x16": lambda: add(a, b), "mul 16x16": lambda: mul(a, b), "in-place add_": lambda: add(a, 1.0)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    columns = {
+        "neuron": _cases("neuron"),
+        "bare jax.jit": _bare_jit_cases(),
+        "torch cpu": _cases("cpu"),
+    }
+    rows = {name: {} for name in columns["neuron"]}
+    for column, cases in columns.items():
+        for name, fn in cases.items():
+            rows[name][column] = thread_time_per_call(fn, args.calls, args.repeats)
+    with torch.neuron.adaptive_eager():
+        for name, fn in _cases("neuron").items():
+            rows[name]["neuron adaptive"] = thread_time_per_call(fn, args.calls, args.repeats)
+        torch.neuron.synchronize()
+    order = ["neuron", "neuron adaptive", "bare jax.jit", "torch cpu"]
+    print("| op | " + " | ".join(order) + " | neuron / bare jax.jit | adaptive / bare jax.jit |")
+    print("|---" * (len(order) + 3) + "|")
+    for name, row in rows.items():
+        cells = [f"{row[c]:.2f}" for c in order]
+        ratios = [f"{row['neuron'] / row['bare jax.jit']:.2f}", f"{row['neuron adaptive'] / row['bare jax.jit']:.2f}"]
+        print(f"| {name} | " + " | ".join(cells + ratios) + " |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
