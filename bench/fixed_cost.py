@@ -10,11 +10,11 @@ calls; ratios are within this one run.
 import argparse
 import time
 
-import jax
-import jax.numpy as jnp
 import torch
 
 import torchneuron  # noqa: F401
+
+from .micro import jax_cases, torch_cases
 
 
 def thread_time_per_call(fn, calls: int, repeats: int) -> float:
@@ -27,15 +27,12 @@ def thread_time_per_call(fn, calls: int, repeats: int) -> float:
     return best * 1e6
 
 
-def _cases(device: str) -> dict:
-    a, b = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
-    return {"add 16x16": lambda: a + b, "mul 16x16": lambda: a * b, "in-place add_": lambda: a.add_(1.0)}
+# the micro benchmark's ops whose fixed cost the fast-path work is judged by
+_OPS = ("add 16x16", "mul 16x16", "in-place add_")
 
 
-def _bare_jit_cases() -> dict:
-    a, b = jnp.ones((16, 16), jnp.float32), jnp.ones((16, 16), jnp.float32)
-    add, mul = jax.jit(jnp.add), jax.jit(jnp.multiply)
-    return {"add 16x16": lambda: add(a, b), "mul 16x16": lambda: mul(a, b), "in-place add_": lambda: add(a, 1.0)}
+def _cases(all_cases: dict) -> dict:
+    return {name: all_cases[name] for name in _OPS}
 
 
 def main(argv=None) -> dict:
@@ -44,16 +41,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
     columns = {
-        "neuron": _cases("neuron"),
-        "bare jax.jit": _bare_jit_cases(),
-        "torch cpu": _cases("cpu"),
+        "neuron": _cases(torch_cases("neuron")),
+        "bare jax.jit": _cases(jax_cases()),
+        "torch cpu": _cases(torch_cases("cpu")),
     }
     rows = {name: {} for name in columns["neuron"]}
     for column, cases in columns.items():
         for name, fn in cases.items():
             rows[name][column] = thread_time_per_call(fn, args.calls, args.repeats)
     with torch.neuron.adaptive_eager():
-        for name, fn in _cases("neuron").items():
+        for name, fn in _cases(torch_cases("neuron")).items():
             rows[name]["neuron adaptive"] = thread_time_per_call(fn, args.calls, args.repeats)
         torch.neuron.synchronize()
     order = ["neuron", "neuron adaptive", "bare jax.jit", "torch cpu"]

@@ -6,7 +6,7 @@ import torch
 from .timing import measure
 
 
-def _torch_cases(device):
+def torch_cases(device):
     a = torch.randn(16, 16, device=device)
     b = torch.randn(16, 16, device=device)
     chain = [a]
@@ -24,7 +24,7 @@ def _torch_cases(device):
     }
 
 
-def _jax_cases():
+def jax_cases():
     a = jnp.ones((16, 16), jnp.float32)
     b = jnp.ones((16, 16), jnp.float32)
     add, mul, matmul = jax.jit(jnp.add), jax.jit(jnp.multiply), jax.jit(jnp.matmul)
@@ -61,9 +61,9 @@ def _human(n):
 def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
     inner, repeats = (20, 3) if smoke else (2000, 7)
     rows = []
-    reference = _torch_cases(baseline)
-    ours = _torch_cases(device)
-    bare = _jax_cases()
+    reference = torch_cases(baseline)
+    ours = torch_cases(device)
+    bare = jax_cases()
     for name in ours:
         row = {"benchmark": name, "unit": "us/op"}
         row[device] = measure(ours[name], device, inner=inner, repeats=repeats)["median"] * 1e6
