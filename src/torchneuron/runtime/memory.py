@@ -13,6 +13,13 @@ class Account:
         self.peak = 0
         self.allocations = 0
 
+    def allocate(self, nbytes: int) -> None:
+        """One allocation of `nbytes` (a new storage, or the new size of a resized one)."""
+        self.allocations += 1
+        self.allocated += nbytes
+        if self.allocated > self.peak:
+            self.peak = self.allocated
+
 
 class _Accounts(dict):
     def __missing__(self, device_index: int) -> Account:

@@ -48,11 +48,8 @@ class Storage:
         self.device_index = device_index
         self.nbytes = nbytes = numel * dtype.itemsize
         self._buffer = buffer  # None: allocated but never written (reads as zeros); or Pending
-        self.account = account = accounts[device_index]
-        account.allocations += 1
-        account.allocated += nbytes
-        if account.allocated > account.peak:
-            account.peak = account.allocated
+        self.account = accounts[device_index]
+        self.account.allocate(nbytes)
 
     def __del__(self):
         self.account.allocated -= self.nbytes
@@ -84,11 +81,10 @@ class Storage:
             new = old[:numel]
         else:
             new = jnp.concatenate([old, jnp.zeros((numel - self.numel,), old.dtype)])
-        account = self.account
-        account.allocated += (numel - self.numel) * self.dtype.itemsize
-        account.peak = max(account.peak, account.allocated)
+        self.account.allocated -= self.nbytes
         self.numel = numel
         self.nbytes = numel * self.dtype.itemsize
+        self.account.allocate(self.nbytes)
         self._buffer = jax.device_put(new, jax_device(self.device_index))
 
 
