@@ -116,21 +116,25 @@ def get_device_properties(device=None):
 # --- synchronisation -----------------------------------------------------------
 
 
-def _all_ready(index: int) -> bool:
+def _adaptive():
     from ..eager import adaptive
+
+    return adaptive
+
+
+def _all_ready(index: int) -> bool:
     from ..runtime import sync
 
-    adaptive.flush()
+    _adaptive().flush()
     return sync.ready(index, _jax_device(index))
 
 
 def synchronize(device=None) -> None:
     """Wait until every operation queued on the device has finished, and report failed device checks."""
-    from ..eager import adaptive
     from ..runtime import pending_checks, sync
 
     index = _index(device)
-    adaptive.flush()
+    _adaptive().flush()
     sync.wait(index, _jax_device(index))
     pending_checks.raise_failures(index)
 
@@ -140,28 +144,20 @@ def synchronize(device=None) -> None:
 
 def set_adaptive_eager(enabled: bool) -> None:
     """Queue ops and run them as fused executables (see torchneuron/eager/adaptive.py); off by default."""
-    from ..eager import adaptive
-
-    adaptive.set_enabled(enabled)
+    _adaptive().set_enabled(enabled)
 
 
 def is_adaptive_eager_enabled() -> bool:
-    from ..eager import adaptive
-
-    return adaptive.is_enabled()
+    return _adaptive().is_enabled()
 
 
 def adaptive_eager(enabled: bool = True):
     """A context manager turning adaptive eager on (or off) within it."""
-    from ..eager import adaptive
-
-    return adaptive.enabled(enabled)
+    return _adaptive().enabled(enabled)
 
 
 def adaptive_eager_stats() -> dict:
-    from ..eager import adaptive
-
-    return adaptive.stats()
+    return _adaptive().stats()
 
 
 # --- streams and events --------------------------------------------------------
