@@ -6,10 +6,6 @@ import torchneuron  # noqa: F401  (also autoloaded by `import torch`; importing 
 
 # "file::test[param]" -> why it cannot pass yet (strict: an unexpected pass is reported)
 EXPECTED_FAILURES = {
-    "test_training.py::test_safetensors_save_neuron_tensors": (
-        "safetensors reads tensor.storage().data_ptr() to find shared tensors; neuron tensors have no host "
-        "storage pointer. Save .cpu() copies (test_safetensors_round_trip)."
-    ),
     "test_training.py::test_safetensors_load_onto_neuron": (
         "safetensors' Rust loader accepts only the device names it knows (cpu, cuda, mps, ...); load onto the "
         "CPU and move with .to('neuron') (test_safetensors_round_trip)."

@@ -30,7 +30,7 @@ def test_tensor_reports_device_index():
 
 
 def test_device_index_out_of_range():
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(RuntimeError, match="Invalid device ordinal"):
         torch.neuron.set_device(torch.neuron.device_count())
 
 

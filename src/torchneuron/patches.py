@@ -155,9 +155,9 @@ def tied_parameters_on_conversion() -> None:
 
 @_patch
 def accelerator_api_routes_to_torch_neuron():
-    """torch.accelerator.synchronize / set_device_index / memory_* go through the C++ device guard and
-    device allocator, which a Python backend cannot supply (only the guard's type is overridable).
-    When neuron is the current accelerator these calls go to torch.neuron instead."""
+    """torch.accelerator.memory_* read a C++ DeviceAllocator's statistics; neuron's memory is accounted
+    in Python (device buffers are PJRT's). When neuron is the current accelerator these calls go to
+    torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
     accelerator = torch.accelerator
 
     def route(name, neuron_name=None):
@@ -173,11 +173,6 @@ def accelerator_api_routes_to_torch_neuron():
 
         setattr(accelerator, name, routed)
 
-    route("synchronize")
-    route("set_device_index", "set_device")
-    route("set_device_idx", "set_device")
-    route("current_device_index", "current_device")
-    route("current_device_idx", "current_device")
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                  "memory_stats", "reset_peak_memory_stats", "empty_cache"):
         route(name)

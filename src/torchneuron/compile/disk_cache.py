@@ -17,6 +17,7 @@ import jaxlib
 import torch
 from jax.experimental import serialize_executable
 
+from ..runtime.platform import jax_device
 from .stats import counters
 
 
@@ -53,7 +54,10 @@ def compile_lowered(lowered, device):
         with open(path, "rb") as f:
             payload, in_tree, out_tree = pickle.load(f)
         counters["disk_cache_hits"] += 1
-        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        # on its own device: by default a loaded executable expects one argument shard per local device
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, execution_devices=[jax_device(device)]
+        )
     counters["xla_compiles"] += 1
     compiled = lowered.compile()
     if path is not None:

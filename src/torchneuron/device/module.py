@@ -3,7 +3,8 @@ import functools
 
 import torch
 
-_current = [0]
+from ..native import _C as native
+
 _current_streams = {}
 
 
@@ -34,27 +35,26 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _current[0]
+    """This thread's current neuron device (per thread, as CUDA's; the autograd engine's device
+    threads each set their own)."""
+    return native.current_device()
 
 
 def _index(device=None) -> int:
     if device is None:
-        return _current[0]
+        return native.current_device()
     if isinstance(device, int):
         return device
     device = torch.device(device)
     if device.type != "neuron":
         raise ValueError(f"Expected a neuron device, but got: {device}")
-    return device.index if device.index is not None else _current[0]
+    return device.index if device.index is not None else native.current_device()
 
 
 def set_device(device) -> None:
     index = _index(device)
-    if index < 0:
-        return
-    if not 0 <= index < device_count():
-        raise RuntimeError(f"neuron device {index} is out of range: {device_count()} device(s) available")
-    _current[0] = index
+    if index >= 0:
+        native.set_device(index)
 
 
 class device:
@@ -65,13 +65,11 @@ class device:
         self.previous = -1
 
     def __enter__(self):
-        self.previous = _current[0]
-        if self.index >= 0:
-            set_device(self.index)
+        self.previous = native.exchange_device(self.index)
 
     def __exit__(self, *exc):
         if self.index >= 0:
-            _current[0] = self.previous
+            native.set_device(self.previous)
         return False
 
 
@@ -172,7 +170,7 @@ def current_stream(device=None) -> Stream:
 
 @functools.cache
 def _default_stream(index: int) -> Stream:
-    return Stream(index)
+    return Stream(index, stream_id=0)
 
 
 def default_stream(device=None) -> Stream:
@@ -180,7 +178,7 @@ def default_stream(device=None) -> Stream:
 
 
 def set_stream(stream) -> None:
-    _current_streams[stream.device.index] = stream
+    _current_streams[stream.device_index] = stream
 
 
 def stream(stream) -> StreamContext:
@@ -196,35 +194,50 @@ def _rng():
     return rng
 
 
+class _DefaultGenerators(tuple):
+    """torch.neuron.default_generators: one torch.Generator per device, as torch.cuda's."""
+
+    def __new__(cls):
+        return super().__new__(cls, (native.default_generator(i) for i in range(device_count())))
+
+
+def __getattr__(name):
+    # built on first use: the device count starts the PJRT platform
+    if name == "default_generators":
+        globals()[name] = value = _DefaultGenerators()
+        return value
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+
+
 def manual_seed(seed: int) -> None:
-    _rng().manual_seed(seed, current_device())
+    _rng().generator(current_device()).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    for i in range(max(device_count(), 1)):
-        _rng().manual_seed(seed, i)
+    for i in range(device_count()):
+        _rng().generator(i).manual_seed(int(seed))
 
 
 def seed() -> int:
-    return _rng().seed(current_device())
+    return _rng().generator(current_device()).seed()
 
 
 def seed_all() -> None:
-    value = _rng().seed(0)
+    value = _rng().generator(0).seed()
     for i in range(1, device_count()):
-        _rng().manual_seed(value, i)
+        _rng().generator(i).manual_seed(value)
 
 
 def initial_seed() -> int:
-    return _rng().initial_seed(current_device())
+    return _rng().generator(current_device()).initial_seed()
 
 
 def get_rng_state(device="neuron") -> torch.Tensor:
-    return _rng().get_state(_index(device))
+    return _rng().generator(_index(device)).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
-    _rng().set_state(new_state, _index(device))
+    _rng().generator(_index(device)).set_state(new_state.cpu())
 
 
 def get_rng_state_all() -> list:

@@ -1,27 +1,9 @@
-"""Registering `neuron` with PyTorch: PrivateUse1 renamed, device module, hooks, guard, factories."""
+"""Registering `neuron` with PyTorch: PrivateUse1 renamed, device module, native hooks and guard, factories."""
 import sys
 
 import torch
 
 _registered = []
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        from . import module
-
-        return module.is_available()
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -36,6 +18,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    from ..native import _C as native
     from ..runtime.tensor import new_storage_for, wrap
     from . import module
 
@@ -43,6 +26,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
         raise NotImplementedError(f"torchneuron: layout {layout} is not supported on neuron")
     dtype = dtype or torch.get_default_dtype()
     index = device.index if device is not None and device.index is not None else module.current_device()
+    native.check_device(index)
     size, stride = tuple(size), tuple(stride)
     for s in size:
         if s < 0:
@@ -82,9 +66,15 @@ def register() -> None:
         return
     from . import module
 
-    torch.utils.backend_registration._setup_privateuseone_for_python_backend(
-        rename="neuron", backend_module=module, hook=_Hooks(), device_guard=_Guard()
-    )
+    from ..native import _C as native
+    from ..runtime import platform, storage
+
+    # what _setup_privateuseone_for_python_backend does, with the native guard and hooks in place of
+    # torch._C._acc's Python ones (docs/native.md says why)
+    torch.utils.rename_privateuse1_backend("neuron")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("neuron", module)
+    native.install(platform.device_count, module.synchronize, module._all_ready, storage.resize_native)
     sys.modules["torch.neuron"] = module
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty, "PrivateUse1")

@@ -1,64 +1,42 @@
-"""Per-device random state: a seed and an offset, advanced once per random op.
+"""Random keys from the device generators (native `torch.Generator`s, Philox-shaped: seed, offset).
 
-The state is Philox-shaped (seed in bytes 0-7, offset in bytes 8-15, little
-endian), the layout DTensor's RNG tracker assumes for accelerator generators.
-Each random op gets the key fold_in(key(seed), offset), so eager runs and
-compiled graphs drawing in the same order see the same numbers.
+Each random op takes the key fold_in(key(seed), offset) and advances its generator's offset by one,
+so eager, adaptive eager and compiled code drawing in the same order see the same numbers, and a
+generator's `get_state`/`set_state` (16 bytes: seed, offset) replays them.
 """
-import random as _random
+import functools
 
 import jax
 import numpy as np
 import torch
 
-_DEFAULT_SEED = 67280421310721
-_state = {}
+from ..native import _C as native
 
 
-def _get(index: int) -> list:
-    state = _state.get(index)
-    if state is None:
-        state = _state[index] = [_DEFAULT_SEED, 0]
-    return state
+@functools.cache
+def generator(index: int) -> torch.Generator:
+    """The default generator of neuron device `index`."""
+    return native.default_generator(index)
 
 
-def manual_seed(seed: int, index: int) -> None:
-    _state[index] = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, 0]
-
-
-def initial_seed(index: int) -> int:
-    return _get(index)[0]
-
-
-def seed(index: int) -> int:
-    value = _random.getrandbits(63)
-    manual_seed(value, index)
-    return value
+def _raw(seed: int, offset: int) -> np.ndarray:
+    return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
 
 
 def next_key(index: int) -> np.ndarray:
-    """The raw material of one op's key: (seed low, seed high, offset low, offset high) as uint32."""
-    state = _get(index)
-    offset = state[1]
-    state[1] += 1
-    s = state[0]
-    return np.array([s & 0xFFFFFFFF, s >> 32, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
+    """The raw material of one op's key from device `index`'s default generator: (seed low, seed high,
+    offset low, offset high) as uint32."""
+    return _raw(*native.next_seed_offset(generator(index)))
+
+
+def next_key_from(source: torch.Generator) -> np.ndarray:
+    """`next_key` from a user's generator, which must be a neuron one (the CPU's error otherwise)."""
+    if source.device.type != "neuron":
+        raise RuntimeError(f"Expected a 'neuron' device type for generator but found '{source.device.type}'")
+    return _raw(*native.next_seed_offset(source))
 
 
 def key_from(raw) -> jax.Array:
     """Inside traced code: the JAX key for raw material from `next_key`."""
     key = jax.random.wrap_key_data(raw[:2], impl="threefry2x32")
     return jax.random.fold_in(jax.random.fold_in(key, raw[2]), raw[3])
-
-
-def get_state(index: int) -> torch.Tensor:
-    seed_, offset = _get(index)
-    data = np.array([seed_, offset], dtype=np.uint64).view(np.uint8)
-    return torch.from_numpy(data.copy())
-
-
-def set_state(state: torch.Tensor, index: int) -> None:
-    if state.dtype != torch.uint8 or state.numel() != 16:
-        raise RuntimeError("RNG state must be a torch.ByteTensor of 16 bytes (seed, offset)")
-    seed_, offset = state.cpu().numpy().view(np.uint64)
-    _state[index] = [int(seed_), int(offset)]

@@ -1,29 +1,31 @@
-"""Streams and events over asynchronous PJRT execution.
+"""Streams and events: `torch.Stream` and `torch.Event` of the neuron device.
 
-PJRT orders each device's work itself, so every neuron stream is one ordered
-queue: work never overlaps across streams, and waiting on a stream or event
-means waiting for the device buffers produced so far.
+PJRT orders each device's work itself, so all neuron streams of a device are
+one in-order queue: work never overlaps across streams, `wait_stream` and
+`wait_event` have nothing to wait for, and a stream's id only names it. Events
+go through the native device guard: recording one with timing waits for the
+work queued so far and notes the time, so `elapsed_time` measures real work.
 """
-import time
+import itertools
 
 import torch
 
 from . import module
 
+_stream_ids = itertools.count(1)  # 0 is each device's default stream
+_NEURON = int(torch._C._autograd.DeviceType.PrivateUse1)  # c10::DeviceType, as torch.Stream takes it
 
-class Stream:
+
+class Stream(torch.Stream):
+    def __new__(cls, device=None, priority: int = 0, *, stream_id=None, **kwargs):
+        index = module._index(device)
+        stream_id = next(_stream_ids) if stream_id is None else stream_id
+        return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NEURON)
+
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.device = torch.device("neuron", module._index(device))
         self.priority = priority
 
-    def synchronize(self) -> None:
-        module.synchronize(self.device)
-
-    def query(self) -> bool:
-        return module._all_ready(self.device.index)
-
     def wait_stream(self, stream) -> None:
-        # one ordered queue per device: later work already follows earlier work
         return None
 
     def wait_event(self, event) -> None:
@@ -34,45 +36,41 @@ class Stream:
         event.record(self)
         return event
 
-    def __eq__(self, other):
-        return isinstance(other, Stream) and other.device == self.device
+    def synchronize(self) -> None:
+        module.synchronize(self.device_index)
 
-    def __hash__(self):
-        return hash(self.device)
+    def query(self) -> bool:
+        return module._all_ready(self.device_index)
 
     def __repr__(self):
-        return f"<torch.neuron.Stream device={self.device}>"
+        return f"<torch.neuron.Stream device={self.device} stream_id={self.stream_id}>"
 
 
 class Event:
-    """Records a point in the device's queue; with enable_timing, the time that point completed."""
+    """A neuron `torch.Event` (held, not subclassed: torch.Event's elapsed_time takes only its own type)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.enable_timing = enable_timing
-        self.device = None
-        self._time = None
+        self.event = torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking,
+                                 interprocess=interprocess)
+
+    @property
+    def device(self):
+        return self.event.device
 
     def record(self, stream=None) -> None:
-        self.device = (stream.device if stream is not None else torch.device("neuron", module.current_device()))
-        if self.enable_timing:
-            # completion time needs the queue drained; timing events are for measuring, where that is wanted
-            module.synchronize(self.device)
-            self._time = time.perf_counter()
+        self.event.record(stream if stream is not None else module.current_stream())
 
     def query(self) -> bool:
-        return self.device is None or module._all_ready(self.device.index)
+        return self.event.query()
 
     def synchronize(self) -> None:
-        if self.device is not None:
-            module.synchronize(self.device)
+        self.event.synchronize()
 
     def wait(self, stream=None) -> None:
         return None
 
     def elapsed_time(self, end: "Event") -> float:
-        if self._time is None or end._time is None:
-            raise RuntimeError("Both events must be recorded with enable_timing=True before elapsed_time()")
-        return (end._time - self._time) * 1000.0
+        return self.event.elapsed_time(end.event)
 
 
 class StreamContext:
@@ -82,11 +80,11 @@ class StreamContext:
 
     def __enter__(self):
         if self.stream is not None:
-            self.previous = module._current_streams.get(self.stream.device.index)
-            module._current_streams[self.stream.device.index] = self.stream
+            self.previous = module._current_streams.get(self.stream.device_index)
+            module._current_streams[self.stream.device_index] = self.stream
         return self.stream
 
     def __exit__(self, *exc):
         if self.stream is not None:
-            module._current_streams[self.stream.device.index] = self.previous
+            module._current_streams[self.stream.device_index] = self.previous
         return False

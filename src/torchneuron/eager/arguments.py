@@ -53,7 +53,17 @@ def template(value, tensors: list, scalars: list, dynamic_floats: bool):
     if isinstance(value, torch.Tensor):
         tensors.append(value)  # a CPU (or other) tensor: the dispatcher checks and moves it
         return TENSOR_SLOTS[len(tensors) - 1]
+    if kind is torch.Generator:
+        return None  # where a random op's key comes from (the dispatcher takes it), not part of its program
     return value
+
+
+def generator_of(args, kwargs):
+    """A random op's `generator` argument, keyword (every op but rrelu_with_noise) or positional."""
+    generator = kwargs.get("generator")
+    if generator is None:
+        generator = next((a for a in args if type(a) is torch.Generator), None)
+    return generator
 
 
 def fill(value, tensors, scalars):

@@ -25,7 +25,7 @@ from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from . import adaptive, fallback, special, views
-from .arguments import TENSOR_SLOTS, fill, template
+from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -93,7 +93,9 @@ class Compute:
         self.mutated_names = registry.mutated_arguments(func)
         self.drop_kwargs = set(self.mutated_names) if registry.is_out(func) else set()
 
-    def __call__(self, func, args, kwargs):
+    def __call__(self, func, args, kwargs, generator=None):
+        if self.random and generator is None:
+            generator = generator_of(args, kwargs)
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
         # (aliasing is part of the program); top-level neuron tensors, the common case, are slotted inline
         tensors, scalars, targs = [], [], []
@@ -109,7 +111,7 @@ class Compute:
         storages, views = _storage_views(tensors)
         if storages is None:
             special.bring_to_device(tensors)
-            return self(func, *_refilled(targs, tkwargs, tensors, scalars))
+            return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
         key = (func, targs, tkwargs, tuple(views), tuple(map(type, scalars)) if scalars else ())
         entry = eager_cache.get(key)
         if entry is None:
@@ -118,7 +120,7 @@ class Compute:
         if entry is fallback.run_on_cpu:
             return fallback.run_on_cpu(func, args, kwargs)
         try:
-            return entry.run(tensors, storages, scalars)
+            return entry.run(tensors, storages, scalars, generator)
         except LoweringFailed as failure:
             # a lowering that cannot handle these arguments: the CPU gives the right answer or error
             eager_cache.put(key, fallback.run_on_cpu)
@@ -250,10 +252,10 @@ class Executable:
         self.queueable = False  # by adaptive eager, once it has run
         self.check_errors = []
 
-    def run(self, tensors, storages, scalars):
+    def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.queue
         if queue.enabled and self.queueable:
-            return self._record(queue, tensors, storages, scalars)
+            return self._record(queue, tensors, storages, scalars, generator)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = []
@@ -263,7 +265,7 @@ class Executable:
         if scalars:
             flat += _device_scalars(scalars, self.device_index)
         if self.random:
-            flat.append(rng.next_key(self.device_index))
+            flat.append(self._key(generator))
         if self.traced:
             results = self.compiled(*flat)
         else:
@@ -278,11 +280,16 @@ class Executable:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
 
-    def _record(self, queue, tensors, storages, scalars):
+    def _key(self, generator):
+        if generator is None:
+            return rng.next_key(self.device_index)
+        return rng.next_key_from(generator)
+
+    def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
         extras = _device_scalars(scalars, self.device_index) if scalars else []
         if self.random:
-            extras.append(rng.next_key(self.device_index))
+            extras.append(self._key(generator))
         return self._outputs(queue.record(self, storages, extras), tensors, storages)
 
     def _outputs(self, results, tensors, storages):

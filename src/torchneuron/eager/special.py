@@ -1,7 +1,7 @@
 """Ops that are not plain computations: transfers, host reads, storage changes."""
 import torch
 
-from ..runtime import pending_checks, transfer
+from ..runtime import pending_checks, storage, transfer
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from ..runtime.layout import contiguous_strides, covers_storage
 
@@ -167,6 +167,29 @@ def set_tensor_view(func, args, kwargs):
     reset_view(tensor, source._storage, (tuple(size), tuple(stride), offset, tensor.dtype))
     return tensor
 
+
+@handles(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
+def set_storage(func, args, kwargs):
+    from .views import reset_view
+
+    tensor, untyped = args[:2]
+    if untyped.device.type != "neuron":
+        raise RuntimeError(f"Expected a storage on device neuron, but got one on {untyped.device}")
+    target = storage.of_native(untyped._cdata)
+    if func is aten.set_.source_Storage:
+        size, stride, offset = (untyped.nbytes() // tensor.dtype.itemsize,), (1,), 0
+    else:
+        offset, size = args[2], tuple(args[3])
+        stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
+    reset_view(tensor, target, (tuple(size), stride, offset, tensor.dtype))
+    return tensor
+
+
+@handles(aten.record_stream.default)
+def record_stream(func, args, kwargs):
+    """Nothing to record: a device's streams are one in-order queue, and PJRT keeps a buffer alive for
+    the work that uses it."""
+    return None
 
 
 def _value(tensor: NeuronTensor):

@@ -56,11 +56,10 @@ def reset_view(tensor: NeuronTensor, storage, spec) -> None:
     """Point `tensor` at (storage, spec) in place, as resize_/set_/out= resizing do on the CPU.
 
     The TensorImpl itself must change (C++ callers hold it, not the Python object), so PyTorch's
-    device-independent meta kernel of `set_` updates it, over a placeholder storage of the right size.
+    device-independent meta kernel of `set_` updates it, onto the storage's shared native handle.
     """
     shape, stride, offset, dtype = spec[:4]
-    placeholder = wrap(storage, shape, stride, offset, dtype).untyped_storage()
-    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_META, tensor, placeholder, offset, shape, stride)
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_META, tensor, storage.handle, offset, shape, stride)
     tensor._storage = storage
     tensor._spec = (tuple(shape), tuple(stride), offset, dtype, storage.device_index)
 

@@ -4,10 +4,13 @@ PyTorch tensors alias; JAX arrays are immutable. A Storage is the mutable
 cell: tensors are (storage, sizes, strides, offset) exactly as in PyTorch, and
 a write through any of them replaces the storage's buffer.
 """
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..native import _C as native
 from .memory import accounts
 from .dtypes import to_jax
 from .platform import jax_device
@@ -39,8 +42,15 @@ class Pending:
         return self.array
 
 
+# Storage by the address of its native storage, for resizes PyTorch makes through the hooks
+_by_native = {}
+
+
 class Storage:
-    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "__weakref__")
+    """`handle` is the torch.UntypedStorage every tensor viewing this storage shares (data_ptr,
+    resize_, storage identity); the device buffer itself is held here."""
+
+    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "handle", "__weakref__")
 
     def __init__(self, numel: int, dtype, device_index: int, buffer=None):
         self.numel = numel
@@ -50,13 +60,12 @@ class Storage:
         self._buffer = buffer  # None: allocated but never written (reads as zeros); or Pending
         self.account = accounts[device_index]
         self.account.allocate(nbytes)
+        self.handle = handle = native.new_storage(nbytes, device_index)
+        _by_native[handle._cdata] = weakref.ref(self)
 
     def __del__(self):
         self.account.allocated -= self.nbytes
-
-    def __deepcopy__(self, memo):
-        # a new allocation, counted as one, with its own buffer: a shared one could be donated under it
-        return Storage(self.numel, self.dtype, self.device_index, None if self._buffer is None else jnp.copy(self.buffer))
+        _by_native.pop(self.handle._cdata, None)
 
     @property
     def buffer(self) -> jax.Array:
@@ -73,19 +82,47 @@ class Storage:
         self._buffer = value
 
     def resize(self, numel: int) -> None:
-        """Grow or shrink in place, keeping the leading elements (UntypedStorage.resize_)."""
+        """Grow or shrink in place, keeping the leading elements (UntypedStorage.resize_); growing an
+        empty storage allocates lazily, as a new one does, and shrinking to 0 frees the buffer."""
         if numel == self.numel:
             return
-        old = self.buffer
-        if numel < self.numel:
-            new = old[:numel]
+        if numel == 0 or self.numel == 0:
+            new = None
         else:
-            new = jnp.concatenate([old, jnp.zeros((numel - self.numel,), old.dtype)])
+            old = self.buffer
+            if numel < self.numel:
+                new = old[:numel]
+            else:
+                new = jnp.concatenate([old, jnp.zeros((numel - self.numel,), old.dtype)])
+            new = jax.device_put(new, jax_device(self.device_index))
         self.account.allocated -= self.nbytes
         self.numel = numel
         self.nbytes = numel * self.dtype.itemsize
-        self.account.allocate(self.nbytes)
-        self._buffer = jax.device_put(new, jax_device(self.device_index))
+        if numel:
+            self.account.allocate(self.nbytes)
+        self._buffer = new
+        native.set_storage_nbytes(self.handle, self.nbytes)
+
+
+def of_native(native_address: int) -> Storage:
+    """The Storage whose native handle (a torch.UntypedStorage) has this `_cdata` address."""
+    ref = _by_native.get(native_address)
+    storage = ref() if ref is not None else None
+    if storage is None:
+        raise RuntimeError("neuron: this storage's tensors have all been freed, and its device buffer with them")
+    return storage
+
+
+def resize_native(native_address: int, nbytes: int) -> None:
+    """`UntypedStorage.resize_(nbytes)` on a neuron storage, called by the native hooks."""
+    storage = of_native(native_address)
+    itemsize = storage.dtype.itemsize
+    if nbytes % itemsize:
+        raise RuntimeError(
+            f"neuron: cannot resize a storage of {storage.dtype} elements to {nbytes} bytes, "
+            f"not a multiple of the element size {itemsize}"
+        )
+    storage.resize(nbytes // itemsize)
 
 
 def host_copy(buffer: jax.Array) -> np.ndarray:

@@ -1,8 +1,10 @@
 """The neuron tensor: a torch.Tensor whose payload is a view of a device Storage."""
+import copy
 import functools
 
 import torch
 
+from ..native import _C as native
 from .layout import contiguous_strides
 from .storage import Storage
 
@@ -41,6 +43,28 @@ class NeuronTensor(torch.Tensor):
             (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad),
         )
 
+    def __deepcopy__(self, memo):
+        # PyTorch deep-copies a tensor that has a data pointer through UntypedStorage.clone, a host
+        # memcpy; a neuron tensor is copied on the device (a new, counted storage), as XLA tensors are
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at "
+                "the moment.  If you were attempting to deepcopy a module, this may be because of a "
+                "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+            )
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name not in ("_storage", "_spec"):
+                setattr(new, name, copy.deepcopy(value, memo))
+        new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
+
     def __repr__(self, *, tensor_contents=None):
         # format a host copy (one transfer) and let PyTorch add device, dtype and grad_fn
         if tensor_contents is None:
@@ -74,8 +98,9 @@ def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> Ne
     shape, stride = tuple(shape), tuple(stride)
     tensor = torch.Tensor._make_wrapper_subclass(
         NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype,
-        device=torch_device(storage.device_index), storage_size=storage.nbytes,
+        device=torch_device(storage.device_index), storage_size=0,
     )
+    native.set_storage(tensor, storage.handle)
     tensor._storage = storage
     tensor._spec = (shape, stride, offset, dtype, storage.device_index)
     return tensor
@@ -92,7 +117,10 @@ def new_contiguous_tensor(flat, shape: tuple, stride: tuple, dtype: torch.dtype,
     its strides and storage size, which makes the wrapper measurably cheaper to build); `stride` must be
     the contiguous strides of `shape`."""
     storage = Storage(flat.shape[0], dtype, device_index, flat)
-    tensor = torch.Tensor._make_wrapper_subclass(NeuronTensor, shape, dtype=dtype, device=torch_device(device_index))
+    tensor = torch.Tensor._make_wrapper_subclass(
+        NeuronTensor, shape, dtype=dtype, device=torch_device(device_index), storage_size=0
+    )
+    native.set_storage(tensor, storage.handle)
     tensor._storage = storage
     tensor._spec = (shape, stride, 0, dtype, device_index)
     return tensor

@@ -1,0 +1,118 @@
+// The hooks PyTorch asks a device for (generators, storage resizing, device count and current
+// device for torch.accelerator), registered in place of torch._C._acc's Python hooks, which cannot
+// provide generators or resizing; and the Python module `torchneuron.native._C`.
+#include "native.h"
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+
+namespace torchneuron {
+namespace {
+
+struct NeuronHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return device_count() > 0;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    return true;
+  }
+  void init() const override {}
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return new_generator(device_index);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    return at::Device(kNeuron, device_of_pointer(data));
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return false;
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetAllocator(c10::DeviceType::CPU);  // PJRT stages host transfers itself
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return device_count();
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    check_device_index(device);
+    set_current_device(device);
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return current_device();
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    auto previous = current_device();
+    setCurrentDevice(device);
+    return previous;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    auto previous = current_device();
+    set_current_device(device);
+    return previous;
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_storage(storage, newsize);
+  }
+};
+
+// the callbacks live as long as the process: PyTorch may call them during interpreter shutdown
+PyObject* keep(const py::object& callback) {
+  return callback.inc_ref().ptr();
+}
+
+void install(const py::object& device_count_fn, const py::object& synchronize_fn, const py::object& ready_fn,
+             const py::object& resize_fn) {
+  static bool installed = false;
+  TORCH_CHECK(!installed, "torchneuron's native hooks are already installed");
+  auto& c = callbacks();
+  c.device_count = keep(device_count_fn);
+  c.synchronize = keep(synchronize_fn);
+  c.ready = keep(ready_fn);
+  c.resize = keep(resize_fn);
+  at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
+  installed = true;
+}
+
+} // namespace
+
+Callbacks& callbacks() {
+  static Callbacks instance;
+  return instance;
+}
+
+} // namespace torchneuron
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torchneuron;
+  m.doc() = "TorchNeuron's native boundary: device guard, hooks, generators, storages";
+  m.def("install", &install);
+  m.def("device_count", [] { return device_count(); });
+  m.def("current_device", [] { return current_device(); });
+  m.def("check_device", &check_device_index);
+  m.def("set_device", [](c10::DeviceIndex index) {
+    check_device_index(index);
+    set_current_device(index);
+  });
+  m.def("exchange_device", [](c10::DeviceIndex index) {
+    auto previous = current_device();
+    if (index >= 0) {
+      check_device_index(index);
+      set_current_device(index);
+    }
+    return previous;
+  });
+  m.def("default_generator", [](c10::DeviceIndex index) { return default_generator(index); });
+  m.def("next_seed_offset", &next_seed_offset, py::arg("generator"), py::arg("increment") = 1);
+  m.def("new_storage", &new_storage);
+  m.def("set_storage_nbytes", &set_storage_nbytes);
+  m.def("set_storage", [](const at::Tensor& tensor, const c10::Storage& storage) {
+    tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+  });
+}

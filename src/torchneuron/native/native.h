@@ -1,0 +1,46 @@
+// The native boundary of TorchNeuron: what PyTorch asks of a device in C++ and a Python backend
+// cannot provide through torch._C._acc (a device guard with indices, device generators, storages
+// that resize). Everything else -- lowerings, dispatch, compile -- stays in Python; the few facts
+// only Python knows (the device count, how to wait for the device, a storage's buffer) are asked
+// of Python through the callbacks installed by `install`.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+
+namespace torchneuron {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+// guard.cpp: the per-thread current device, as CUDA keeps it, and the device count from Python
+c10::DeviceIndex device_count() noexcept;
+c10::DeviceIndex current_device() noexcept;
+void set_current_device(c10::DeviceIndex index) noexcept;
+void check_device_index(c10::DeviceIndex index);
+void synchronize_device(c10::DeviceIndex index);
+bool device_ready(c10::DeviceIndex index);
+
+// generator.cpp: Philox-shaped (seed, offset) generators, one default per device
+const at::Generator& default_generator(c10::DeviceIndex index);
+at::Generator new_generator(c10::DeviceIndex index);
+std::pair<uint64_t, uint64_t> next_seed_offset(const at::Generator& generator, uint64_t increment);
+
+// storage.cpp: storages whose data pointers are addresses no host memory uses, encoding the device
+c10::Storage new_storage(size_t nbytes, c10::DeviceIndex index);
+c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index);
+c10::DeviceIndex device_of_pointer(const void* pointer);
+void resize_storage(const c10::Storage& storage, size_t nbytes);
+void set_storage_nbytes(const c10::Storage& storage, size_t nbytes);
+
+// module.cpp: the Python callbacks, each called with the GIL held
+struct Callbacks {
+  void* device_count = nullptr;  // () -> int
+  void* synchronize = nullptr;   // (index) -> None
+  void* ready = nullptr;         // (index) -> bool
+  void* resize = nullptr;        // (storage_impl_address, nbytes) -> None
+};
+Callbacks& callbacks();
+
+} // namespace torchneuron

@@ -1,0 +1,80 @@
+// Storages. FSDP2 frees and re-allocates parameters with untyped_storage().resize_(0)/resize_(n),
+// DDP and FSDP compare data_ptr()s, and every view of a storage must report the same one. A wrapper
+// tensor made in Python gets a data-less storage of its own ("an invalid python storage"); these
+// storages are shared by all views of one neuron Storage, resize through the hooks, and carry a data
+// pointer that identifies them. The device buffer itself stays a PJRT buffer held by Python.
+#include "native.h"
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+
+namespace py = pybind11;
+
+namespace torchneuron {
+namespace {
+
+// Far above any user-space address (x86-64 and arm64 stop at 2^57), so a neuron pointer never equals
+// a host one; the device index sits in bits 52-59, and addresses are never reused.
+constexpr uintptr_t kBase = uintptr_t(1) << 60;
+constexpr int kDeviceShift = 52;
+constexpr uintptr_t kAlignment = 512;
+std::atomic<uintptr_t> next_address{0};
+
+void no_delete(void*) {}
+
+struct NeuronAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    return virtual_data_ptr(nbytes, current_device());
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &no_delete;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(false, "neuron storages hold no host data; copy tensors instead");
+  }
+};
+
+NeuronAllocator allocator;
+
+} // namespace
+
+c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index) {
+  c10::Device device(kNeuron, index);
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, nullptr, &no_delete, device);
+  }
+  auto rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  auto offset = next_address.fetch_add(rounded);
+  auto* address = reinterpret_cast<void*>(kBase | (uintptr_t(index) << kDeviceShift) | offset);
+  return c10::DataPtr(address, nullptr, &no_delete, device);
+}
+
+c10::DeviceIndex device_of_pointer(const void* pointer) {
+  auto address = reinterpret_cast<uintptr_t>(pointer);
+  TORCH_CHECK((address & kBase) != 0, "not a neuron data pointer: ", pointer);
+  return static_cast<c10::DeviceIndex>((address & ~kBase) >> kDeviceShift);
+}
+
+c10::Storage new_storage(size_t nbytes, c10::DeviceIndex index) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, virtual_data_ptr(nbytes, index), &allocator,
+                      /*resizable=*/true);
+}
+
+void resize_storage(const c10::Storage& storage, size_t nbytes) {
+  auto* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  py::gil_scoped_acquire gil;
+  // Python resizes the buffer, then calls set_storage_nbytes: every resize, this one or a tensor's
+  // resize_, goes through the Python storage
+  py::reinterpret_borrow<py::object>(static_cast<PyObject*>(callbacks().resize))(
+      reinterpret_cast<uintptr_t>(impl), nbytes);
+}
+
+void set_storage_nbytes(const c10::Storage& storage, size_t nbytes) {
+  auto* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(virtual_data_ptr(nbytes, storage.device().index()));
+  impl->set_nbytes(nbytes);
+}
+
+} // namespace torchneuron
