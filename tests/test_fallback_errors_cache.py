@@ -156,7 +156,7 @@ print("survived")
 
 
 def test_an_error_inside_backward_is_raised_by_backward():
-    """Raised on the autograd device thread it used to abort the process; now backward() raises it."""
+    """Raised on the autograd engine's device thread, the error reaches backward() and autograd.grad()."""
     run = subprocess.run([sys.executable, "-c", _ERROR_IN_BACKWARD], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "survived" in run.stdout, run.stderr[-3000:]
 

@@ -106,8 +106,19 @@ def test_an_error_in_backward_on_neuron_1_is_raised_not_fatal():
         def backward(ctx, grad):
             return grad.reshape(7)  # wrong size: RuntimeError from a neuron op on the device thread
 
-    with pytest.raises(RuntimeError):
+    class PythonError(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise ValueError("raised by a custom backward")
+
+    with pytest.raises(RuntimeError, match="invalid for input of size 3"):
         Bad.apply(x).sum().backward()
+    with pytest.raises(ValueError, match="raised by a custom backward"):
+        PythonError.apply(x).sum().backward()
     (x * 3).sum().backward()  # the engine keeps working
     assert x.grad.cpu().tolist() == [3.0, 3.0, 3.0]
 

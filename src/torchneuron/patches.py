@@ -95,28 +95,6 @@ def foreach_tensor_type() -> None:
             allowlist.append(NeuronTensor)
 
 
-@_patch
-def backward_reraises_device_errors() -> None:
-    """An exception leaving a neuron op on the autograd engine's device thread aborts the process (the
-    Python-backend device guard re-enters Python while it is pending; see eager/deferred_errors.py), so
-    such errors are recorded and raised here, from backward() and autograd.grad(), once the engine returns."""
-    from .eager import deferred_errors
-
-    original = torch.autograd._engine_run_backward
-
-    @functools.wraps(original)
-    def run_backward(*args, **kwargs):
-        try:
-            result = original(*args, **kwargs)
-        except Exception as engine_error:
-            deferred_errors.raise_first(cause=engine_error)
-            raise
-        deferred_errors.raise_first()
-        return result
-
-    torch.autograd._engine_run_backward = run_backward
-
-
 def _holds_neuron(module) -> bool:
     return any(t.device.type == "neuron" for t in module.parameters())
 
@@ -245,7 +223,6 @@ def apply() -> None:
     torch_load_map_location_neuron()
     pin_memory_without_allocator()
     foreach_tensor_type()
-    backward_reraises_device_errors()
     tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()
     apply.done = True

@@ -25,15 +25,7 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        try:
-            return _dispatch(func, args, kwargs)
-        except Exception as error:
-            from ..eager import deferred_errors
-
-            if not deferred_errors.in_backward():
-                raise
-            return deferred_errors.defer(error, func, args, kwargs)
+        return _dispatch(func, args, kwargs or {})
 
     def __reduce_ex__(self, protocol):
         # PyTorch pickles a wrapper subclass with a (data-less) storage as an empty wrapper, losing the values;
