@@ -43,6 +43,34 @@ def test_custom_op_for_every_device_runs_on_neuron_not_on_the_cpu():
     assert not fallback.counts
 
 
+@torch.library.custom_op("torchneuron_test::neuron_only", mutates_args=(), device_types="neuron")
+def neuron_only(x: torch.Tensor) -> torch.Tensor:
+    return x * 3 + 1
+
+
+@torch.library.custom_op("torchneuron_test::two_kernels", mutates_args=())
+def two_kernels(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@two_kernels.register_kernel("neuron")
+def _(x):
+    return x + 2  # distinguishable from the default kernel
+
+
+def test_custom_op_kernels_for_neuron_run_on_neuron():
+    """Kernels registered for the neuron device (device_types="neuron", register_kernel("neuron"),
+    torch.library.impl(..., "PrivateUse1") as FSDP2's fsdp.* ops) are the ones neuron tensors reach."""
+    x = torch.randn(4, 5)
+    fallback.reset()
+    with fallback.as_error():
+        only, two = neuron_only(x.to("neuron")), two_kernels(x.to("neuron"))
+    assert only.device.type == "neuron" and two.device.type == "neuron"
+    torch.testing.assert_close(only.cpu(), x * 3 + 1)
+    torch.testing.assert_close(two.cpu(), x + 2)
+    assert not fallback.counts
+
+
 def test_fallback_is_counted_warned_and_correct(unlowered_op):
     x = torch.randn(10) * 3
     with pytest.warns(UserWarning, match="hardtanh"):

@@ -65,16 +65,18 @@ def _choose_handler(func):
     target = registry.functional_variant(func) if registry.is_mutating(func) else func
     if target is not None and lowering_for(target) is not None:
         return Compute(func, target)
-    if func.namespace not in ("aten", "prims") and torch._C._dispatch_has_kernel_for_dispatch_key(
-        func.name(), "CompositeExplicitAutograd"
+    if func.namespace not in ("aten", "prims") and any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key) for key in _CUSTOM_KERNEL_KEYS
     ):
-        # a custom op whose implementation is for every device (torch.library.custom_op without device_types):
-        # its PyTorch code runs on neuron tensors, each op it calls dispatched here in turn
+        # a custom op with a kernel for neuron (torch.library.impl(..., "PrivateUse1") as FSDP2's fsdp.* ops,
+        # register_kernel("neuron")) or for every device (custom_op without device_types): its PyTorch code
+        # runs on neuron tensors, each op it calls dispatched here in turn
         return _run_device_generic_kernel
     return fallback.run_on_cpu
 
 
 _PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+_CUSTOM_KERNEL_KEYS = ("PrivateUse1", "CompositeExplicitAutograd")
 
 
 def _run_device_generic_kernel(func, args, kwargs):
