@@ -286,3 +286,20 @@ def test_streams_and_events():
     e2.record()
     torch.accelerator.synchronize()
     assert e1.elapsed_time(e2) > 0 and z.device.type == "neuron"
+
+
+def test_device_properties_and_cuda_named_memory_stats():
+    props = torch.neuron.get_device_properties(1)
+    assert props.total_memory > 0 and props.index == 1
+    free, total = torch.neuron.mem_get_info(0)
+    assert total == torch.neuron.get_device_properties(0).total_memory and 0 < free <= total
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    x = torch.empty(256, 256, device="neuron")
+    stats = torch.neuron.memory_stats()
+    for name in ("allocated_bytes", "active_bytes", "reserved_bytes"):
+        assert stats[f"{name}.all.current"] == base + x.nbytes
+        assert stats[f"{name}.all.peak"] == base + x.nbytes
+    assert stats["num_alloc_retries"] == 0 and stats["num_ooms"] == 0
+    assert torch.accelerator.memory_stats()["active_bytes.all.peak"] == base + x.nbytes

@@ -1,5 +1,6 @@
 """`torch.neuron`: the device module, as complete as torch.cuda is for ordinary use."""
 import functools
+import os
 
 import torch
 
@@ -90,17 +91,23 @@ def get_device_capability(device=None):
     return (0, 0)
 
 
+def _memory_limit(index: int) -> int:
+    """The device's memory: PJRT's limit where the platform reports one, else the host's (XLA:CPU's
+    devices allocate host memory)."""
+    limit = int((_jax_device(index).memory_stats() or {}).get("bytes_limit", 0))
+    return limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 @functools.cache
 def _properties(index: int):
     from types import SimpleNamespace
 
     d = _jax_device(index)
-    stats = d.memory_stats() or {}
     return SimpleNamespace(
         name=get_device_name(index),
         platform=d.platform,
         device_kind=d.device_kind,
-        total_memory=int(stats.get("bytes_limit", 0)),
+        total_memory=_memory_limit(index),
         multi_processor_count=1,
         type="neuron",
         index=index,
@@ -282,22 +289,26 @@ reset_max_memory_allocated = reset_peak_memory_stats
 
 
 def memory_stats(device=None) -> dict:
+    """CUDA's statistics by CUDA's names, for the tools that read them (TorchTitan's memory monitor).
+    PJRT allocates each buffer as it is made and frees it when it dies: there is no caching allocator,
+    so reserved equals allocated equals active, and an allocation is never retried."""
     index = _index(device)
     account = _memory().account(index)
-    stats = {
-        "allocated_bytes.all.current": account.allocated,
-        "allocated_bytes.all.peak": account.peak,
-        "allocation.all.allocated": account.allocations,
-    }
+    stats = {"num_alloc_retries": 0, "num_ooms": account.ooms, "allocation.all.allocated": account.allocations}
+    for name in ("allocated_bytes", "active_bytes", "reserved_bytes", "requested_bytes"):
+        stats[f"{name}.all.current"] = account.allocated
+        stats[f"{name}.all.peak"] = account.peak
     for name, value in (_jax_device(index).memory_stats() or {}).items():
         stats[f"pjrt.{name}"] = value
     return stats
 
 
 def mem_get_info(device=None):
-    stats = _jax_device(_index(device)).memory_stats() or {}
-    total = int(stats.get("bytes_limit", 0))
-    return (total - int(stats.get("bytes_in_use", 0)), total)
+    """(free, total) bytes of the device."""
+    index = _index(device)
+    total = _memory_limit(index)
+    in_use = (_jax_device(index).memory_stats() or {}).get("bytes_in_use", _memory().account(index).allocated)
+    return (max(total - int(in_use), 0), total)
 
 
 def empty_cache() -> None:

@@ -6,12 +6,13 @@ attribute updates of a slotted object cost a fraction of Counter updates.
 
 
 class Account:
-    __slots__ = ("allocated", "peak", "allocations")
+    __slots__ = ("allocated", "peak", "allocations", "ooms")
 
     def __init__(self):
         self.allocated = 0
         self.peak = 0
         self.allocations = 0
+        self.ooms = 0  # allocations refused for lack of device memory
 
     def allocate(self, nbytes: int) -> None:
         """One allocation of `nbytes` (a new storage, or the new size of a resized one)."""
