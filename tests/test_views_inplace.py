@@ -154,3 +154,16 @@ def test_inplace_on_expanded_view_errors_like_cpu():
         x.add_(1)
     with pytest.raises(RuntimeError):
         y.add_(1)
+
+
+def test_other_tensor_subclasses_over_neuron_tensors_dispatch_first():
+    """A subclass wrapping neuron tensors (DTensor, funcol's AsyncCollectiveTensor, TwoTensor) meets plain
+    neuron tensors in one op: neuron's dispatch defers to it, and it unwraps."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, b = torch.randn(3), torch.randn(3)
+    pair = TwoTensor(a.to("neuron"), b.to("neuron"))
+    out = torch.ones(3, device="neuron") + pair
+    assert isinstance(out, TwoTensor)
+    torch.testing.assert_close(out.a.cpu(), a + 1)
+    torch.testing.assert_close(out.b.cpu(), b + 1)

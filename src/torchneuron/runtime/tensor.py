@@ -25,6 +25,10 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if len(types) != 1 and any(t is not NeuronTensor for t in types):
+            # another tensor subclass takes part (funcol's AsyncCollectiveTensor, ...): it unwraps to neuron
+            # tensors first and dispatches again
+            return NotImplemented
         return _dispatch(func, args, kwargs or {})
 
     def __reduce_ex__(self, protocol):
