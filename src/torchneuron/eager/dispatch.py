@@ -97,7 +97,8 @@ class Compute:
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
-        # (aliasing is part of the program); top-level neuron tensors, the common case, are slotted inline
+        # (aliasing is part of the program), and the default dtype (result dtype of float scalars, int division,
+        # factories); top-level neuron tensors, the common case, are slotted inline
         tensors, scalars, targs = [], [], []
         dynamic = self.dynamic_floats
         for a in args:
@@ -112,7 +113,8 @@ class Compute:
         if storages is None:
             special.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
-        key = (func, targs, tkwargs, tuple(views), tuple(map(type, scalars)) if scalars else ())
+        scalar_types = tuple(map(type, scalars)) if scalars else ()
+        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype())
         entry = eager_cache.get(key)
         if entry is None:
             entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
