@@ -28,3 +28,65 @@ def test_the_default_dtype_decides_the_result_dtype_not_a_cached_executable():
     finally:
         torch.set_default_dtype(torch.float32)
     assert [op().dtype for op in ops] == [torch.float32] * 4
+
+
+def raises_like_cpu(bad, *, synchronise=False):
+    """`bad(device)` raises on neuron what it raises on the CPU: the type and the message's first line."""
+    with pytest.raises(Exception) as on_cpu:
+        bad("cpu")
+    with pytest.raises(Exception) as on_neuron:
+        result = bad("neuron")
+        if synchronise:
+            torch.neuron.synchronize()
+            result.cpu()
+    assert on_neuron.type is on_cpu.type, on_neuron.value
+    assert str(on_cpu.value).splitlines()[0] in str(on_neuron.value)
+    assert "jax" not in str(on_neuron.value).lower()
+    assert torch.ones(2, device="neuron").sum().item() == 2.0  # the device keeps working
+
+
+def _x(d):
+    return torch.tensor([1.0, -2.0], device=d)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.neg(_x(d), out=torch.empty(2, dtype=torch.float64, device=d)),  # neg: exactly self's dtype
+        lambda d: torch.neg(_x(d), out=torch.empty(2, dtype=torch.int64, device=d)),
+        lambda d: torch.sin(_x(d), out=torch.empty(2, dtype=torch.int64, device=d)),  # not a safe cast
+        lambda d: torch.add(_x(d), 1, out=torch.empty(2, dtype=torch.int32, device=d)),
+        lambda d: torch.nonzero(_x(d), out=torch.empty(0, 1, dtype=torch.int32, device=d)),
+        lambda d: torch.masked_select(_x(d), _x(d) > 0, out=torch.empty(0, dtype=torch.int64, device=d)),
+        lambda d: torch.max(_x(d), 0, out=(torch.empty(0, device=d), torch.empty(0, dtype=torch.int32, device=d))),
+    ],
+    ids=["neg-float64", "neg-int64", "sin-int64", "add-int32", "nonzero-int32", "masked_select-int64", "max-int32"],
+)
+def test_out_of_a_dtype_the_cpu_kernel_refuses_raises(bad):
+    raises_like_cpu(bad)
+
+
+def test_out_of_a_dtype_the_cpu_kernel_accepts_is_written_in_it():
+    for device in ("cpu", "neuron"):
+        out = torch.empty(2, dtype=torch.float64, device=device)
+        assert torch.add(_x(device), 1, out=out) is out
+        assert out.dtype == torch.float64 and out.cpu().tolist() == [2.0, -1.0]
+
+
+@pytest.mark.parametrize(
+    "op, dtype, column",
+    [
+        (lambda x, out: torch.neg(x, out=out), torch.float32, 0),
+        (lambda x, out: torch.add(x, 1, out=out), torch.float32, 0),
+        (lambda x, out: torch.masked_select(x, x > -5, out=out), torch.float32, 0),
+        (lambda x, out: torch.nonzero(x, out=out), torch.int64, slice(0, 1)),
+    ],
+    ids=["neg", "add", "masked_select", "nonzero"],
+)
+def test_non_contiguous_out_of_the_right_size_keeps_its_strides(op, dtype, column):
+    """The result is written through the out view into its base, as on the CPU (not to a restrided view)."""
+    bases = {}
+    for device in ("cpu", "neuron"):
+        bases[device] = torch.zeros(2, 3, dtype=dtype, device=device)
+        op(torch.tensor([1.0, -2.0], device=device), bases[device][:, column])
+    torch.testing.assert_close(bases["neuron"].cpu(), bases["cpu"])

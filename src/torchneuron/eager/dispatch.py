@@ -24,7 +24,7 @@ from ..runtime.platform import jax_device
 from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
-from . import adaptive, fallback, special, views
+from . import adaptive, fallback, out_dtypes, special, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -187,6 +187,8 @@ class Executable:
         before = [_meta_spec(m) for m in meta_tensors]
         meta_args = fill(targs, meta_tensors, scalars)
         meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
+        if op.drop_kwargs:
+            out_dtypes.check_with_meta(op.func, op.target, meta_args, meta_kwargs)
         meta_out = registry.META.get(op.func, op.func)(*meta_args, **meta_kwargs)
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}

@@ -4,6 +4,7 @@ import torch
 from ..runtime import pending_checks, storage, transfer
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from ..runtime.layout import contiguous_strides, covers_storage
+from . import out_dtypes
 
 aten = torch.ops.aten
 HANDLERS = {}
@@ -134,6 +135,8 @@ def resize_(func, args, kwargs):
     from .views import reset_view
 
     tensor, size = args[0], tuple(args[1])
+    if size == tuple(tensor.shape):
+        return tensor  # as on the CPU: an out= tensor of the right size keeps its strides
     strides = contiguous_strides(size)
     offset = tensor.storage_offset()
     needed = offset + (1 + sum((s - 1) * st for s, st in zip(size, strides)) if all(size) else 0)
@@ -223,8 +226,10 @@ def _data_dependent_out(func, args, kwargs):
     names = mutated_arguments(func)
     outs = [kwargs[name] for name in names]
     results = data_dependent(functional_variant(func), args, {k: v for k, v in kwargs.items() if k not in names})
-    for out, value in zip(outs, results if isinstance(results, (tuple, list)) else [results]):
-        out.resize_(value.shape).copy_(value)
+    results = results if isinstance(results, (tuple, list)) else [results]
+    out_dtypes.check(func, args, kwargs, [r.dtype for r in results])
+    for out, value in zip(outs, results):
+        torch._refs._maybe_resize_out(out, value.shape).copy_(value)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
