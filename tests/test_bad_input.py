@@ -1,7 +1,12 @@
 """No silent wrong answers: results keep the CPU's dtype whatever ran before, and input the CPU rejects
 raises the CPU's exception type on neuron (value checks at the next synchronisation, as on CUDA)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 
 def test_python_scalar_type_decides_the_result_dtype_not_a_cached_executable():
@@ -90,3 +95,89 @@ def test_non_contiguous_out_of_the_right_size_keeps_its_strides(op, dtype, colum
         bases[device] = torch.zeros(2, 3, dtype=dtype, device=device)
         op(torch.tensor([1.0, -2.0], device=device), bases[device][:, column])
     torch.testing.assert_close(bases["neuron"].cpu(), bases["cpu"])
+
+
+def _t(values, d, **kwargs):
+    return torch.tensor(values, device=d, **kwargs)
+
+
+def _logits(d, *shape):
+    return torch.ones(*shape, device=d)
+
+
+# value checks: the op is queued as on CUDA, the error (the CPU's type and message) comes at the next sync
+VALUE_CHECKS = {
+    "cross_entropy": lambda d: F.cross_entropy(_logits(d, 2, 3), _t([0, 3], d)),
+    "cross_entropy-negative": lambda d: F.cross_entropy(_logits(d, 2, 3), _t([0, -2], d)),
+    "cross_entropy-2d": lambda d: F.cross_entropy(_logits(d, 2, 3, 2), torch.full((2, 2), 4, device=d)),
+    "nll_loss-1d": lambda d: F.nll_loss(_logits(d, 3), _t(5, d)),
+    "multinomial-nan": lambda d: torch.multinomial(_t([0.5, float("nan")], d), 1),
+    "multinomial-inf": lambda d: torch.multinomial(_t([0.5, float("inf")], d), 1),
+    "multinomial-negative": lambda d: torch.multinomial(_t([0.5, -1.0], d), 1),
+    "multinomial-zero-row": lambda d: torch.multinomial(_t([[0.0, 0.0], [1.0, 1.0]], d), 1, True),
+    "scatter-negative": lambda d: torch.zeros(3, device=d).scatter(0, _t([-1], d), _t([1.0], d)),
+    "scatter_-value": lambda d: torch.zeros(3, device=d).scatter_(0, _t([3], d), 1.0),
+    "scatter_add": lambda d: torch.zeros(3, device=d).scatter_add(0, _t([3], d), _t([1.0], d)),
+    "scatter_reduce": lambda d: torch.zeros(3, device=d).scatter_reduce(0, _t([3], d), _t([1.0], d), "sum"),
+    "gather-negative": lambda d: torch.gather(_t([1.0, 2.0], d), 0, _t([-1], d)),
+    "index_select-negative": lambda d: torch.index_select(_t([1.0, 2.0], d), 0, _t([-1], d)),
+    "index-negative": lambda d: _t([1.0, 2.0], d)[_t([-3], d)],
+    "index_put_": lambda d: torch.zeros(3, device=d).index_put_((_t([5], d),), _t([1.0], d)),
+    "index_put_-accumulate": lambda d: torch.zeros(3, device=d).index_put_((_t([-4], d),), _t([1.0], d), True),
+    "index_add": lambda d: torch.zeros(3, device=d).index_add(0, _t([-1], d), _t([1.0], d)),
+    "index_copy": lambda d: torch.zeros(3, device=d).index_copy(0, _t([5], d), _t([1.0], d)),
+    "index_fill": lambda d: torch.zeros(3, device=d).index_fill(0, _t([-4], d), 1.0),
+    "take": lambda d: _t([1.0, 2.0], d).take(_t([5], d)),
+    "put": lambda d: torch.zeros(3, device=d).put(_t([-4], d), _t([1.0], d)),
+    "embedding-negative": lambda d: F.embedding(_t([-1], d), _logits(d, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("bad", VALUE_CHECKS.values(), ids=VALUE_CHECKS.keys())
+def test_bad_values_raise_like_the_cpu_at_synchronisation(bad):
+    raises_like_cpu(bad, synchronise=True)
+
+
+def test_ignore_index_and_negative_indices_where_allowed_still_work():
+    for device in ("cpu", "neuron"):
+        logits = torch.arange(6.0, device=device).reshape(2, 3)
+        results = [
+            F.cross_entropy(logits, _t([2, -100], device)),
+            F.nll_loss(logits, _t([1, 7], device), ignore_index=7),
+            _t([1.0, 2.0], device)[_t([-1], device)],
+            torch.zeros(3, device=device).index_fill(0, _t([-1], device), 1.0),
+            torch.zeros(3, device=device).put(_t([-1], device), _t([1.0], device)),
+        ]
+        if device == "cpu":
+            expected = results
+    torch.neuron.synchronize()
+    for r, e in zip(results, expected):
+        torch.testing.assert_close(r.cpu(), e)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.repeat_interleave(_t([1.0, 2.0], d), _t([1, -1], d)),
+        lambda d: torch.repeat_interleave(_t([1, -1], d)),
+        lambda d: torch.bincount(_t([1, -1], d)),
+    ],
+    ids=["repeat_interleave", "repeat_interleave-repeats", "bincount"],
+)
+def test_bad_values_of_data_dependent_ops_raise_at_the_call(bad):
+    raises_like_cpu(bad)
+
+
+_BLOCKING = """
+import pytest, torch
+x = torch.zeros(3, device="neuron")
+with pytest.raises(RuntimeError, match="index 5 is out of bounds .* reported at the op"):
+    x.scatter_(0, torch.tensor([5], device="neuron"), 1.0)
+print("raised at the op")
+"""
+
+
+def test_launch_blocking_raises_value_errors_at_the_op():
+    env = dict(os.environ, TORCHNEURON_LAUNCH_BLOCKING="1")
+    run = subprocess.run([sys.executable, "-c", _BLOCKING], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and "raised at the op" in run.stdout, run.stderr[-3000:]

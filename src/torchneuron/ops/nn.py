@@ -60,6 +60,9 @@ def _nll_pick(x, target, weight, ignore_index):
 
 @lower(aten.nll_loss_forward, aten.nll_loss2d_forward)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    classes = x.shape[1 if x.ndim > 1 else 0]
+    checks.require((target == ignore_index) | ((target >= 0) & (target < classes)), IndexError,
+                   "Target {} is out of bounds.", culprit=target)
     losses, w = _nll_pick(x, target, weight, ignore_index)
     if reduction == 0:
         return losses, jnp.zeros((), x.dtype)
@@ -195,7 +198,7 @@ def _embedding_meta(weight, indices, *args, **kwargs):
 
 @lower(aten.embedding, meta=_embedding_meta)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    checks.index_in_range(indices, weight.shape[0])
+    checks.index_in_range(indices, weight.shape[0], negative=False)
     return jnp.take(weight, indices, axis=0)
 
 
