@@ -181,3 +181,17 @@ def test_launch_blocking_raises_value_errors_at_the_op():
     env = dict(os.environ, TORCHNEURON_LAUNCH_BLOCKING="1")
     run = subprocess.run([sys.executable, "-c", _BLOCKING], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0 and "raised at the op" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("float8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int64])
+def test_float8_conversions_saturate_as_on_the_cpu(source, float8):
+    """e4m3fn has no infinities: the CPU saturates beyond 448 (inf included) instead of giving nan."""
+    values = [464.0, 480.0, 500.0, 1e30, float("inf"), -float("inf"), float("nan"), -500.0, 0.001, 2.0**-10]
+    x = torch.tensor([1000, -1000, 3, 448, 449]) if source == torch.int64 else torch.tensor(values).to(source)
+    expected = x.to(float8).float().nan_to_num(7.0)
+    converted = x.to("neuron").to(float8)
+    copied = torch.empty(x.shape, dtype=float8, device="neuron").copy_(x.to("neuron"))
+    for result in (converted, copied):
+        assert result.dtype == float8
+        assert torch.equal(result.float().cpu().nan_to_num(7.0), expected)

@@ -19,7 +19,7 @@ from ..ops import checks, registry
 from ..ops.graph import lowering_for
 from ..runtime import layout, pending_checks, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import to_jax
+from ..runtime.dtypes import convert, to_jax
 from ..runtime.platform import jax_device
 from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
@@ -379,7 +379,7 @@ def _build_output(plan, tensors, fresh):
 def _materialize(value, spec):
     """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
     shape, stride, offset, dtype = spec
-    value = jax.numpy.broadcast_to(value.astype(to_jax(dtype)), shape)
+    value = jax.numpy.broadcast_to(convert(value, to_jax(dtype)), shape)
     if offset == 0 and layout.is_contiguous(shape, stride):
         return value.reshape(-1)
     numel = _storage_numel(shape, stride, offset)
