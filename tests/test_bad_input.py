@@ -195,3 +195,21 @@ def test_float8_conversions_saturate_as_on_the_cpu(source, float8):
     for result in (converted, copied):
         assert result.dtype == float8
         assert torch.equal(result.float().cpu().nan_to_num(7.0), expected)
+
+
+@pytest.mark.parametrize(
+    "too_big",
+    [
+        lambda: torch.empty(1 << 40, device="neuron"),
+        lambda: torch.zeros(1 << 38, device="neuron"),
+        lambda: torch.ones(1, device="neuron").expand(1 << 38).contiguous(),  # the program's own allocation
+    ],
+    ids=["empty", "zeros", "program-output"],
+)
+def test_an_allocation_beyond_the_device_raises_out_of_memory_and_the_device_keeps_working(too_big):
+    assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
+    before = torch.neuron.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError, match=r"neuron out of memory.*(1099511627776|4398046511104) bytes"):
+        too_big()
+    assert torch.neuron.memory_allocated() == before
+    assert torch.ones(1000, device="neuron").sum().item() == 1000.0

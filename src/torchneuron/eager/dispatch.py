@@ -17,7 +17,7 @@ from jax.sharding import SingleDeviceSharding
 from ..device import rng
 from ..ops import checks, registry
 from ..ops.graph import lowering_for
-from ..runtime import layout, pending_checks, sync
+from ..runtime import layout, memory, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import convert, to_jax
 from ..runtime.platform import jax_device
@@ -270,13 +270,15 @@ class Executable:
             flat += _device_scalars(scalars, self.device_index)
         if self.random:
             flat.append(self._key(generator))
-        if self.traced:
+        try:
             results = self.compiled(*flat)
-        else:
-            try:  # the first call traces and compiles; nothing is donated if that fails
-                results = self.compiled(*flat)
-            except Exception as exc:
-                raise LoweringFailed(self.op, exc) from None
+        except Exception as exc:
+            memory.raise_if_exhausted(exc, self.device_index)
+            if self.traced:
+                raise
+            # the first call traces and compiles; nothing is donated if that fails
+            raise LoweringFailed(self.op, exc) from None
+        if not self.traced:
             self.traced = True
             self.output_sizes = [r.size for r in results]
             self.queueable = not self.check_errors  # device-side checks need each op's own results
