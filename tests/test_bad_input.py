@@ -213,3 +213,20 @@ def test_an_allocation_beyond_the_device_raises_out_of_memory_and_the_device_kee
         too_big()
     assert torch.neuron.memory_allocated() == before
     assert torch.ones(1000, device="neuron").sum().item() == 1000.0
+
+
+@pytest.mark.parametrize(
+    "sparse, layout",
+    [
+        (lambda x: x.to_sparse(), "sparse_coo"),
+        (lambda x: x.to_sparse_csr(), "sparse_csr"),
+        (lambda x: x.to_sparse(layout=torch.sparse_csc), "sparse_csc"),
+        (lambda x: x.cpu().to_sparse().to("neuron"), "sparse_coo"),
+        (lambda x: torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,), device="neuron"), "sparse_coo"),
+    ],
+    ids=["to_sparse", "to_sparse_csr", "to_sparse-csc", "to-neuron", "sparse_coo_tensor"],
+)
+def test_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layout):
+    """Not a RecursionError: neuron tensors are strided."""
+    with pytest.raises(NotImplementedError, match=rf"aten\..*torch\.{layout}"):
+        sparse(torch.ones(2, 2, device="neuron"))
