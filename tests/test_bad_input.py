@@ -130,6 +130,8 @@ VALUE_CHECKS = {
     "take": lambda d: _t([1.0, 2.0], d).take(_t([5], d)),
     "put": lambda d: torch.zeros(3, device=d).put(_t([-4], d), _t([1.0], d)),
     "embedding-negative": lambda d: F.embedding(_t([-1], d), _logits(d, 3, 2)),
+    "one_hot": lambda d: F.one_hot(_t([0, 3], d), 3),
+    "one_hot-negative": lambda d: F.one_hot(_t([0, -1], d), 3),
 }
 
 
@@ -147,6 +149,8 @@ def test_ignore_index_and_negative_indices_where_allowed_still_work():
             _t([1.0, 2.0], device)[_t([-1], device)],
             torch.zeros(3, device=device).index_fill(0, _t([-1], device), 1.0),
             torch.zeros(3, device=device).put(_t([-1], device), _t([1.0], device)),
+            F.one_hot(_t([[0, 2]], device)),
+            F.one_hot(_t([0, 2], device), 4),
         ]
         if device == "cpu":
             expected = results
@@ -161,8 +165,9 @@ def test_ignore_index_and_negative_indices_where_allowed_still_work():
         lambda d: torch.repeat_interleave(_t([1.0, 2.0], d), _t([1, -1], d)),
         lambda d: torch.repeat_interleave(_t([1, -1], d)),
         lambda d: torch.bincount(_t([1, -1], d)),
+        lambda d: F.one_hot(torch.zeros(0, dtype=torch.long, device=d)),
     ],
-    ids=["repeat_interleave", "repeat_interleave-repeats", "bincount"],
+    ids=["repeat_interleave", "repeat_interleave-repeats", "bincount", "one_hot-empty"],
 )
 def test_bad_values_of_data_dependent_ops_raise_at_the_call(bad):
     raises_like_cpu(bad)

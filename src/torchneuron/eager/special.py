@@ -248,6 +248,19 @@ def _has_mask(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
+@handles(aten.one_hot.default)
+def one_hot(func, args, kwargs):
+    """Checked on the device as the CPU checks it, not decomposed (the decomposition gives a zero row)."""
+    x, num_classes = args[0], args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if type(x) is not NeuronTensor:  # traced by torch.compile (fake tensors): the decomposition is what it wants
+        return func.decompose(x, num_classes)
+    if num_classes == -1:
+        if not x.numel():
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(x.max()) + 1  # as the CPU kernel does: the output's size is the data's
+    return _computation(func)(func, (x, num_classes), {})
+
+
 @handles(aten.index.Tensor)
 def index(func, args, kwargs):
     x, indices = args

@@ -82,6 +82,13 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
     return -onehot * jnp.expand_dims(scale, class_axis)
 
 
+@lower(aten.one_hot)
+def one_hot(x, num_classes=-1):
+    checks.require(x >= 0, RuntimeError, "Class values must be non-negative.")
+    checks.require(x < num_classes, RuntimeError, "Class values must be smaller than num_classes.")
+    return (x[..., None] == jnp.arange(num_classes, dtype=x.dtype)).astype(jnp.int64)
+
+
 def _normalize(v, axes, eps):
     mean = jnp.mean(v, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(v - mean), axis=axes, keepdims=True)
