@@ -235,3 +235,37 @@ def test_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layou
     """Not a RecursionError: neuron tensors are strided."""
     with pytest.raises(NotImplementedError, match=rf"aten\..*torch\.{layout}"):
         sparse(torch.ones(2, 2, device="neuron"))
+
+
+def _set(x, key, value):
+    x[key] = value
+    return x
+
+
+INDEXING = {
+    "cpu-mask-set": lambda d: _set(torch.zeros(3, device=d), torch.tensor([True, False, True]), 1.0),
+    "cpu-index-set": lambda d: _set(torch.zeros(3, device=d), torch.tensor([0, 2]), torch.tensor(5.0)),
+    "cpu-mask-column-add": lambda d: _set(torch.zeros(2, 3, device=d), (slice(None), torch.tensor([1, 0, 1]).bool()), 2.0),
+    "cpu-index": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([0, 1])],
+    "cpu-indices": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([0, 1]), torch.tensor([1, 2])],
+    "cpu-mask": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([True, False, True])],
+}
+
+
+@pytest.mark.parametrize("indexing", INDEXING.values(), ids=INDEXING.keys())
+def test_cpu_index_and_mask_tensors_index_neuron_tensors_as_cuda_ones(indexing):
+    torch.testing.assert_close(indexing("neuron").cpu(), indexing("cpu"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.zeros(3, 4, device=d)[torch.tensor([True, False], device=d)],
+        lambda d: torch.zeros(3, 4, device=d)[:, torch.tensor([True, False, True], device=d)],
+        lambda d: torch.zeros(3, 4, device=d)[torch.ones(3, 3, dtype=torch.bool, device=d)],
+        lambda d: _set(torch.zeros(3, 4, device=d), torch.tensor([True, False], device=d), 1.0),
+    ],
+    ids=["rows", "columns", "2d", "set"],
+)
+def test_a_mask_of_the_wrong_shape_raises_index_error(bad):
+    raises_like_cpu(bad)

@@ -233,15 +233,34 @@ def _data_dependent_out(func, args, kwargs):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _masks_to_indices(indices):
+def _masks_to_indices(x, indices):
     """Boolean masks in an index list become the long indices of their nonzeros, as PyTorch expands them."""
     expanded = []
     for index in indices:
         if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            _check_mask_shape(x, index, len(expanded))
             expanded.extend(aten.nonzero.default(index).unbind(1))
         else:
             expanded.append(index)
     return expanded
+
+
+def _check_mask_shape(x, mask, first_dim):
+    for i, size in enumerate(mask.shape):
+        if first_dim + i < x.dim() and size != x.shape[first_dim + i]:
+            raise IndexError(
+                f"The shape of the mask {list(mask.shape)} at index {i} does not match the shape of the indexed "
+                f"tensor {list(x.shape)} at index {first_dim + i}"
+            )
+
+
+def _indices_on_device(x, indices):
+    """Index tensors may live on the CPU, as for CUDA tensors: they are copied to x's device."""
+    if type(x) is not NeuronTensor:
+        return indices
+    return [
+        from_host(i, x.device.index) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices
+    ]
 
 
 def _has_mask(indices) -> bool:
@@ -264,16 +283,18 @@ def one_hot(func, args, kwargs):
 @handles(aten.index.Tensor)
 def index(func, args, kwargs):
     x, indices = args
+    indices = _indices_on_device(x, indices)
     if _has_mask(indices):
-        indices = _masks_to_indices(indices)
+        indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices), kwargs)
 
 
 @handles(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def index_put(func, args, kwargs):
     x, indices, *rest = args
+    indices = _indices_on_device(x, indices)
     if _has_mask(indices):
-        indices = _masks_to_indices(indices)
+        indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices, *rest), kwargs)
 
 
