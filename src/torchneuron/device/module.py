@@ -7,6 +7,8 @@ import torch
 from ..native import _C as native
 
 _current_streams = {}
+# as torch.cuda.OutOfMemoryError: what the allocator raises when the device cannot hold a request
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def _runtime():

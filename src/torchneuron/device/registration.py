@@ -42,6 +42,8 @@ def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memor
 
 # factories with neither a tensor argument nor a device-generic kernel: PyTorch calls the device's own kernel
 _TENSORLESS_FACTORIES = ("tril_indices", "triu_indices")
+# composite ops whose decomposition skips, for devices other than the CPU, checks the CPU makes
+_UNCHECKED_COMPOSITES = ("one_hot",)
 
 
 def _dispatched(op):
@@ -83,6 +85,8 @@ def register() -> None:
     library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
     for name in _TENSORLESS_FACTORIES:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "PrivateUse1")
+    for name in _UNCHECKED_COMPOSITES:
+        library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "AutogradPrivateUse1")
     _registered.append(library)
     from .. import patches
     from . import autocast

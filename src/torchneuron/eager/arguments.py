@@ -3,6 +3,8 @@
 Tensors become slots (their view metadata goes into the key); Python floats
 become dynamic scalars so that, say, a changing learning rate does not
 recompile; everything else (ints, shapes, dtypes) is static and part of the key.
+Static bools, floats and complex numbers carry their type into the key: `1`,
+`1.0`, `True` and `1+0j` are equal and hash alike, yet promote differently.
 """
 import torch
 
@@ -39,6 +41,15 @@ TENSOR_SLOTS = _Slots(TensorSlot)
 _SCALAR_SLOTS = _Slots(ScalarSlot)
 
 
+class _Typed(tuple):
+    """(type, value) of a static scalar whose type, not only its value, decides the result's dtype."""
+
+    __slots__ = ()
+
+
+_TYPED_SCALARS = (bool, float, complex)
+
+
 def template(value, tensors: list, scalars: list, dynamic_floats: bool):
     """`value` with tensors (and, if asked, floats) replaced by slots; collects them in order."""
     kind = type(value)
@@ -55,6 +66,8 @@ def template(value, tensors: list, scalars: list, dynamic_floats: bool):
         return TENSOR_SLOTS[len(tensors) - 1]
     if kind is torch.Generator:
         return None  # where a random op's key comes from (the dispatcher takes it), not part of its program
+    if kind in _TYPED_SCALARS:
+        return _Typed((kind, value))
     return value
 
 
@@ -75,4 +88,6 @@ def fill(value, tensors, scalars):
         return scalars[value]
     if kind is tuple:
         return [fill(v, tensors, scalars) for v in value]
+    if kind is _Typed:
+        return value[1]
     return value

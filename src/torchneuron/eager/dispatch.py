@@ -17,14 +17,14 @@ from jax.sharding import SingleDeviceSharding
 from ..device import rng
 from ..ops import checks, registry
 from ..ops.graph import lowering_for
-from ..runtime import layout, pending_checks, sync
+from ..runtime import layout, memory, pending_checks, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import to_jax
+from ..runtime.dtypes import convert, to_jax
 from ..runtime.platform import jax_device
 from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
-from . import adaptive, fallback, special, views
+from . import adaptive, fallback, out_dtypes, special, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -99,7 +99,8 @@ class Compute:
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
-        # (aliasing is part of the program); top-level neuron tensors, the common case, are slotted inline
+        # (aliasing is part of the program), and the default dtype (result dtype of float scalars, int division,
+        # factories); top-level neuron tensors, the common case, are slotted inline
         tensors, scalars, targs = [], [], []
         dynamic = self.dynamic_floats
         for a in args:
@@ -114,7 +115,8 @@ class Compute:
         if storages is None:
             special.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
-        key = (func, targs, tkwargs, tuple(views), tuple(map(type, scalars)) if scalars else ())
+        scalar_types = tuple(map(type, scalars)) if scalars else ()
+        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype())
         entry = eager_cache.get(key)
         if entry is None:
             entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
@@ -187,6 +189,8 @@ class Executable:
         before = [_meta_spec(m) for m in meta_tensors]
         meta_args = fill(targs, meta_tensors, scalars)
         meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
+        if op.drop_kwargs:
+            out_dtypes.check_with_meta(op.func, op.target, meta_args, meta_kwargs)
         meta_out = registry.META.get(op.func, op.func)(*meta_args, **meta_kwargs)
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
@@ -268,13 +272,15 @@ class Executable:
             flat += _device_scalars(scalars, self.device_index)
         if self.random:
             flat.append(self._key(generator))
-        if self.traced:
+        try:
             results = self.compiled(*flat)
-        else:
-            try:  # the first call traces and compiles; nothing is donated if that fails
-                results = self.compiled(*flat)
-            except Exception as exc:
-                raise LoweringFailed(self.op, exc) from None
+        except Exception as exc:
+            memory.raise_if_exhausted(exc, self.device_index)
+            if self.traced:
+                raise
+            # the first call traces and compiles; nothing is donated if that fails
+            raise LoweringFailed(self.op, exc) from None
+        if not self.traced:
             self.traced = True
             self.output_sizes = [r.size for r in results]
             self.queueable = not self.check_errors  # device-side checks need each op's own results
@@ -377,7 +383,7 @@ def _build_output(plan, tensors, fresh):
 def _materialize(value, spec):
     """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
     shape, stride, offset, dtype = spec
-    value = jax.numpy.broadcast_to(value.astype(to_jax(dtype)), shape)
+    value = jax.numpy.broadcast_to(convert(value, to_jax(dtype)), shape)
     if offset == 0 and layout.is_contiguous(shape, stride):
         return value.reshape(-1)
     numel = _storage_numel(shape, stride, offset)

@@ -76,6 +76,10 @@ def run_on_cpu(func, args, kwargs):
 
     def to_neuron(value):
         if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided:
+                raise NotImplementedError(
+                    f"torchneuron: {name} returns a {value.layout} tensor; only torch.strided tensors live on neuron"
+                )
             original = back.get(id(value))
             return original if original is not None else value.to(device)
         return value

@@ -4,6 +4,7 @@ import torch
 from ..runtime import pending_checks, storage, transfer
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from ..runtime.layout import contiguous_strides, covers_storage
+from . import out_dtypes
 
 aten = torch.ops.aten
 HANDLERS = {}
@@ -134,6 +135,8 @@ def resize_(func, args, kwargs):
     from .views import reset_view
 
     tensor, size = args[0], tuple(args[1])
+    if size == tuple(tensor.shape):
+        return tensor  # as on the CPU: an out= tensor of the right size keeps its strides
     strides = contiguous_strides(size)
     offset = tensor.storage_offset()
     needed = offset + (1 + sum((s - 1) * st for s, st in zip(size, strides)) if all(size) else 0)
@@ -223,39 +226,75 @@ def _data_dependent_out(func, args, kwargs):
     names = mutated_arguments(func)
     outs = [kwargs[name] for name in names]
     results = data_dependent(functional_variant(func), args, {k: v for k, v in kwargs.items() if k not in names})
-    for out, value in zip(outs, results if isinstance(results, (tuple, list)) else [results]):
-        out.resize_(value.shape).copy_(value)
+    results = results if isinstance(results, (tuple, list)) else [results]
+    out_dtypes.check(func, args, kwargs, [r.dtype for r in results])
+    for out, value in zip(outs, results):
+        torch._refs._maybe_resize_out(out, value.shape).copy_(value)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _masks_to_indices(indices):
+def _masks_to_indices(x, indices):
     """Boolean masks in an index list become the long indices of their nonzeros, as PyTorch expands them."""
     expanded = []
     for index in indices:
         if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            _check_mask_shape(x, index, len(expanded))
             expanded.extend(aten.nonzero.default(index).unbind(1))
         else:
             expanded.append(index)
     return expanded
 
 
+def _check_mask_shape(x, mask, first_dim):
+    for i, size in enumerate(mask.shape):
+        if first_dim + i < x.dim() and size != x.shape[first_dim + i]:
+            raise IndexError(
+                f"The shape of the mask {list(mask.shape)} at index {i} does not match the shape of the indexed "
+                f"tensor {list(x.shape)} at index {first_dim + i}"
+            )
+
+
+def _indices_on_device(x, indices):
+    """Index tensors may live on the CPU, as for CUDA tensors: they are copied to x's device."""
+    if type(x) is not NeuronTensor:
+        return indices
+    return [
+        from_host(i, x.device.index) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices
+    ]
+
+
 def _has_mask(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+@handles(aten.one_hot.default)
+def one_hot(func, args, kwargs):
+    """Checked on the device as the CPU checks it, not decomposed (the decomposition gives a zero row)."""
+    x, num_classes = args[0], args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if type(x) is not NeuronTensor:  # traced by torch.compile (fake tensors): the decomposition is what it wants
+        return func.decompose(x, num_classes)
+    if num_classes == -1:
+        if not x.numel():
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(x.max()) + 1  # as the CPU kernel does: the output's size is the data's
+    return _computation(func)(func, (x, num_classes), {})
 
 
 @handles(aten.index.Tensor)
 def index(func, args, kwargs):
     x, indices = args
+    indices = _indices_on_device(x, indices)
     if _has_mask(indices):
-        indices = _masks_to_indices(indices)
+        indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices), kwargs)
 
 
 @handles(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def index_put(func, args, kwargs):
     x, indices, *rest = args
+    indices = _indices_on_device(x, indices)
     if _has_mask(indices):
-        indices = _masks_to_indices(indices)
+        indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices, *rest), kwargs)
 
 

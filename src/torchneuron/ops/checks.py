@@ -5,7 +5,9 @@ A lowering that would silently clamp bad data (an index out of range) calls
 as an extra output; the runtime keeps them pending per device and raises the
 PyTorch error at the next point that waits for the device (`.item()`,
 `.cpu()`, `torch.neuron.synchronize()`), so no wrong answer is returned and
-no op waits for the device just to check.
+no op waits for the device just to check. `TORCHNEURON_LAUNCH_BLOCKING=1`
+reads each op's conditions at once instead (as CUDA_LAUNCH_BLOCKING=1 does),
+so the error points at the op that failed.
 """
 import contextlib
 
@@ -14,10 +16,20 @@ import jax.numpy as jnp
 _collectors = []
 
 
-def require(ok, error_type: type, message: str) -> None:
-    """`ok` (a traced boolean array) must hold everywhere, else `error_type(message)` is raised later."""
-    if _collectors:
-        _collectors[-1].append((jnp.all(ok), error_type, message))
+def require(ok, error_type: type, message: str, culprit=None) -> None:
+    """`ok` (a traced boolean array) must hold everywhere, else `error_type(message)` is raised later.
+
+    With `culprit` (an integer array `ok` broadcasts to), `message`'s `{}` becomes its first value where
+    `ok` fails, as the CPU's messages name the bad value.
+    """
+    if not _collectors:
+        return
+    condition = jnp.all(ok)
+    if culprit is not None:
+        failed = ~jnp.broadcast_to(ok, culprit.shape).reshape(-1)
+        first = culprit.reshape(-1)[jnp.argmax(failed)] if culprit.size else 0
+        condition = jnp.stack([condition.astype(jnp.int64), jnp.asarray(first, jnp.int64)])
+    _collectors[-1].append((condition, error_type, message))
 
 
 @contextlib.contextmanager
@@ -30,5 +42,7 @@ def collecting():
         _collectors.pop()
 
 
-def index_in_range(index, size: int, error_type=IndexError, message=None) -> None:
-    require((index >= -size) & (index < size), error_type, message or "index out of range in self")
+def index_in_range(index, size: int, error_type=IndexError, message="index out of range in self", negative=True):
+    """`index` addresses one of `size` elements; counted from the end too where the op allows `negative`."""
+    low = -size if negative else 0
+    require((index >= low) & (index < size), error_type, message, culprit=index)

@@ -5,6 +5,7 @@ import jax.scipy.special as special
 import torch
 from jax import lax
 
+from ..runtime.dtypes import convert
 from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote, scalar_type_name
 from .registry import META, checked_meta, lower
 
@@ -453,14 +454,14 @@ def clone(x, *, memory_format=None):
 
 @lower(aten.copy)
 def copy(x, src, non_blocking=False):
-    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+    return jnp.broadcast_to(convert(src, x.dtype), x.shape)
 
 
 @lower(aten._to_copy)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     from ..runtime.dtypes import to_jax
 
-    return x if dtype is None else x.astype(to_jax(dtype))
+    return x if dtype is None else convert(x, to_jax(dtype))
 
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)

@@ -21,10 +21,15 @@ def _advanced_index(x, indices):
     return tuple(slice(None) if index is None else index for index in indices)
 
 
+def _out_of_bounds(dim, size, prefix=""):
+    """The CPU's message for an index beyond a dimension; `{}` is the index."""
+    return prefix + f"index {{}} is out of bounds for dimension {dim} with size {size}"
+
+
 def _check_indices(x, indices):
     for dim, index in enumerate(indices):
         if index is not None and index.dtype != jnp.bool_:
-            checks.index_in_range(index, x.shape[dim], message=f"index out of bounds for dimension {dim} with size {x.shape[dim]}")
+            checks.index_in_range(index, x.shape[dim], message=_out_of_bounds(dim, x.shape[dim]))
 
 
 @lower(aten.index.Tensor)
@@ -61,8 +66,8 @@ def _check_index_add_shapes(x, dim, index, source, **kwargs):
                            f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
 
 
-def _along_dim(x, dim, index):
-    checks.index_in_range(index, x.shape[dim])
+def _along_dim(x, dim, index, message="index out of range in self", negative=False):
+    checks.index_in_range(index, x.shape[dim], message=message, negative=negative)
     key = [slice(None)] * x.ndim
     key[dim] = index
     return tuple(key)
@@ -83,7 +88,7 @@ def _along(x, dim, index):
 
 def _check_along(x, dim, index):
     size = x.shape[_dim(x, dim)] if x.ndim else 1
-    checks.index_in_range(index, size, RuntimeError, f"index out of bounds for dimension {dim} with size {size}")
+    checks.index_in_range(index, size, RuntimeError, _out_of_bounds(_dim(x, dim), size), negative=False)
 
 
 @lower(aten.gather)
@@ -186,13 +191,14 @@ def index_add(x, dim, index, source, *, alpha=1):
 @lower(aten.index_copy)
 @_vector_if_scalar
 def index_copy(x, dim, index, source):
-    return x.at[_along_dim(x, dim, index)].set(source.astype(x.dtype))
+    key = _along_dim(x, dim, index, _out_of_bounds(dim, x.shape[dim], "index_copy_(): "))
+    return x.at[key].set(source.astype(x.dtype))
 
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 @_vector_if_scalar
 def index_fill(x, dim, index, value):
-    return x.at[_along_dim(x, dim, index)].set(cast(value, x.dtype))
+    return x.at[_along_dim(x, dim, index, _out_of_bounds(dim, x.shape[dim]), negative=True)].set(cast(value, x.dtype))
 
 
 @lower(aten.nonzero, dynamic_shape=True)
@@ -232,15 +238,18 @@ def masked_select(x, mask):
     return x[mask]
 
 
+_OUT_OF_RANGE = "out of range: tried to access index {{}} on a tensor of {} elements."
+
+
 @lower(aten.take)
 def take(x, index):
-    checks.index_in_range(index, x.size, message=f"out of range: tried to access index out of bounds on a tensor of {x.size} elements.")
+    checks.index_in_range(index, x.size, message=_OUT_OF_RANGE.format(x.size))
     return x.reshape(-1)[index] if x.size else jnp.zeros(index.shape, x.dtype)
 
 
 @lower(aten.put)
 def put(x, index, source, accumulate=False):
-    checks.index_in_range(index, x.size, message=f"out of range: tried to access index out of bounds on a tensor of {x.size} elements.")
+    checks.index_in_range(index, x.size, message=_OUT_OF_RANGE.format(x.size))
     flat = _reduce_into(x.reshape(-1), index.reshape(-1), source.reshape(-1), "sum" if accumulate else "set", True)
     return flat.reshape(x.shape)
 
@@ -293,4 +302,6 @@ def nonzero_static(x, *, size, fill_value=-1):
 
 @lower(aten.repeat_interleave.Tensor, dynamic_shape=True)
 def repeat_interleave(repeats, *, output_size=None):
+    if repeats.size and int(jnp.min(repeats)) < 0:
+        raise RuntimeError("repeats can not be negative")
     return jnp.repeat(jnp.arange(repeats.size, dtype=jnp.int64), repeats.reshape(-1), total_repeat_length=output_size)

@@ -60,6 +60,9 @@ def _nll_pick(x, target, weight, ignore_index):
 
 @lower(aten.nll_loss_forward, aten.nll_loss2d_forward)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    classes = x.shape[1 if x.ndim > 1 else 0]
+    checks.require((target == ignore_index) | ((target >= 0) & (target < classes)), IndexError,
+                   "Target {} is out of bounds.", culprit=target)
     losses, w = _nll_pick(x, target, weight, ignore_index)
     if reduction == 0:
         return losses, jnp.zeros((), x.dtype)
@@ -77,6 +80,13 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
     safe = jnp.where(target == ignore_index, 0, target)
     onehot = jax.nn.one_hot(safe, x.shape[class_axis], dtype=x.dtype, axis=class_axis)
     return -onehot * jnp.expand_dims(scale, class_axis)
+
+
+@lower(aten.one_hot)
+def one_hot(x, num_classes=-1):
+    checks.require(x >= 0, RuntimeError, "Class values must be non-negative.")
+    checks.require(x < num_classes, RuntimeError, "Class values must be smaller than num_classes.")
+    return (x[..., None] == jnp.arange(num_classes, dtype=x.dtype)).astype(jnp.int64)
 
 
 def _normalize(v, axes, eps):
@@ -195,7 +205,7 @@ def _embedding_meta(weight, indices, *args, **kwargs):
 
 @lower(aten.embedding, meta=_embedding_meta)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    checks.index_in_range(indices, weight.shape[0])
+    checks.index_in_range(indices, weight.shape[0], negative=False)
     return jnp.take(weight, indices, axis=0)
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..runtime.dtypes import to_jax, to_torch
+from ..runtime.dtypes import convert, to_jax, to_torch
 
 DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
@@ -41,7 +41,7 @@ def dtypes(*values, kind=DEFAULT):
 
 def cast(value, dtype):
     if is_array(value):
-        return value.astype(dtype) if value.dtype != dtype else value
+        return convert(value, dtype) if value.dtype != dtype else value
     return jnp.asarray(value, dtype=dtype)
 
 

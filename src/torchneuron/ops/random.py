@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from . import checks
 from .registry import META, lower
 
 aten = torch.ops.aten
@@ -105,7 +106,11 @@ def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memo
 
 @lower(aten.multinomial, random=True)
 def multinomial(probabilities, num_samples, replacement=False, *, generator=None, key):
-    logits = jnp.log(probabilities.astype(jnp.float32))
+    p = probabilities.astype(jnp.float32)
+    checks.require(jnp.isfinite(p) & (p >= 0), RuntimeError,
+                   "probability tensor contains either `inf`, `nan` or element < 0")
+    checks.require(jnp.sum(p, axis=-1) > 0, RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)")
+    logits = jnp.log(p)
     if replacement:
         samples = jax.random.categorical(key, logits, shape=(num_samples,) + logits.shape[:-1])
         return jnp.moveaxis(samples, 0, -1).astype(jnp.int64)

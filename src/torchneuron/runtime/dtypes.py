@@ -42,6 +42,18 @@ def to_jax(dtype: torch.dtype):
         ) from None
 
 
+# PyTorch saturates conversions to float8_e4m3fn (no infinities) at its largest finite value, inf included;
+# XLA's give nan
+_E4M3FN_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+
+
+def convert(value, dtype):
+    """`value` (a JAX array) as `dtype` (a JAX dtype), converted as PyTorch converts."""
+    if dtype == jnp.float8_e4m3fn and value.dtype != dtype and value.dtype != jnp.bool_:
+        value = jnp.clip(value, -_E4M3FN_MAX, _E4M3FN_MAX)
+    return value.astype(dtype)
+
+
 def to_torch(dtype) -> torch.dtype:
     return _JAX_TO_TORCH[np.dtype(dtype)]
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .dtypes import to_jax
+from .dtypes import convert, to_jax
 
 
 def contiguous_strides(shape) -> tuple:
@@ -133,7 +133,7 @@ def write_view(buffer, value, spec, storage_dtype):
     """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec."""
     shape, stride, offset, dtype, _ = spec
     wanted = to_jax(dtype)
-    written = write(_reinterpret(buffer, wanted), value.astype(wanted), shape, stride, offset)
+    written = write(_reinterpret(buffer, wanted), convert(value, wanted), shape, stride, offset)
     return _reinterpret(written, to_jax(storage_dtype))
 
 

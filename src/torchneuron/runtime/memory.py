@@ -3,6 +3,12 @@
 Storages update their device's Account directly: it is on every op's path, and
 attribute updates of a slotted object cost a fraction of Counter updates.
 """
+import functools
+import os
+
+import torch
+
+from .platform import jax_device
 
 
 class Account:
@@ -38,3 +44,58 @@ def account(device_index: int) -> Account:
 def reset_peak(device_index: int) -> None:
     a = accounts[device_index]
     a.peak = a.allocated
+
+
+def _free_and_total(device_index: int) -> tuple:
+    """Bytes free and in all on the device: PJRT's figures where it keeps them, else (XLA:CPU) the host's."""
+    stats = jax_device(device_index).memory_stats() or {}
+    if "bytes_limit" in stats:
+        total = int(stats["bytes_limit"])
+        return total - int(stats.get("bytes_in_use", 0)), total
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page + _host_reclaimable(), os.sysconf("SC_PHYS_PAGES") * page
+
+
+def _host_reclaimable() -> int:
+    """Page cache the kernel gives back on demand (MemAvailable less MemFree), where /proc says."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+    except OSError:
+        return 0
+    return (int(fields["MemAvailable"].split()[0]) - int(fields["MemFree"].split()[0])) * 1024
+
+
+@functools.cache
+def _worth_asking(device_index: int) -> int:
+    """Requests up to a quarter of the device's memory go ahead unasked: asking costs a system call."""
+    return _free_and_total(device_index)[1] // 4
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+
+
+def check_fits(nbytes: int, device_index: int) -> None:
+    """Raise torch.OutOfMemoryError, as CUDA's allocator does, for an allocation the device cannot hold
+    (PJRT would fail later, at first use, with an error PyTorch code does not expect)."""
+    if nbytes <= _worth_asking(device_index):
+        return
+    free, total = _free_and_total(device_index)
+    if nbytes > free:
+        raise torch.OutOfMemoryError(
+            f"neuron out of memory. Tried to allocate {_size(nbytes)} ({nbytes} bytes). neuron:{device_index} has a "
+            f"total capacity of {_size(total)} of which {_size(free)} is free; PyTorch holds "
+            f"{_size(accounts[device_index].allocated)} of it."
+        )
+
+
+def raise_if_exhausted(error: Exception, device_index: int) -> None:
+    """XLA's RESOURCE_EXHAUSTED from running a program, as the torch.OutOfMemoryError PyTorch code expects."""
+    if "RESOURCE_EXHAUSTED" in str(error):
+        raise torch.OutOfMemoryError(
+            f"neuron out of memory on neuron:{device_index}: {str(error).splitlines()[0]}"
+        ) from None

@@ -1,17 +1,20 @@
 """Device-side value checks waiting to be read (see ops/checks.py), raised at synchronisation points."""
 import collections
+import os
 
 import numpy as np
 
 # beyond this many unread checks on a device, reading them costs less than keeping them
 LIMIT = 1024
+# each op's checks read as it is launched: errors name the failing op's call site (a debugging aid)
+BLOCKING = os.environ.get("TORCHNEURON_LAUNCH_BLOCKING", "0") == "1"
 _pending = collections.defaultdict(list)
 
 
 def add(device_index: int, op, conditions, errors) -> None:
     queue = _pending[device_index]
     queue.append((op, conditions, errors))
-    if len(queue) > LIMIT:
+    if BLOCKING or len(queue) > LIMIT:
         raise_failures(device_index)
 
 
@@ -20,7 +23,11 @@ def raise_failures(device_index: int) -> None:
     queue = _pending.pop(device_index, None)
     if not queue:
         return
+    when = "at the op (TORCHNEURON_LAUNCH_BLOCKING=1)" if BLOCKING else "at synchronisation"
     for op, conditions, errors in queue:
         for condition, (error_type, message) in zip(conditions, errors):
-            if not bool(np.asarray(condition)):
-                raise error_type(f"{message} (raised by {op} on neuron:{device_index}, reported at synchronisation)")
+            condition = np.asarray(condition)
+            if not bool(condition[0] if condition.ndim else condition):
+                if condition.ndim:  # (ok, the first bad value) of a check whose message names it
+                    message = message.format(int(condition[1]))
+                raise error_type(f"{message} (raised by {op} on neuron:{device_index}, reported {when})")

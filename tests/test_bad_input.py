@@ -1,0 +1,271 @@
+"""No silent wrong answers: results keep the CPU's dtype whatever ran before, and input the CPU rejects
+raises the CPU's exception type on neuron (value checks at the next synchronisation, as on CUDA)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def test_python_scalar_type_decides_the_result_dtype_not_a_cached_executable():
+    """1, 1.0, True and 1+0j are equal and hash alike; each promotes differently."""
+    for device in ("cpu", "neuron"):
+        u = torch.tensor((0, 1), dtype=torch.uint8, device=device)
+        b = torch.tensor((False, True), device=device)
+        results = [u + (1 + 0j), u + 1, u + 1.0, u + True, b + True, b + 1, b.add(1.0)]
+        if device == "cpu":
+            expected = results
+    assert [r.dtype for r in results] == [e.dtype for e in expected]
+    for r, e in zip(results, expected):
+        torch.testing.assert_close(r.cpu(), e)
+
+
+def test_the_default_dtype_decides_the_result_dtype_not_a_cached_executable():
+    u = torch.tensor((0, 1), dtype=torch.uint8, device="neuron")
+    ops = [lambda: u + 5.5, lambda: u / u, lambda: torch.sqrt(u), lambda: torch.arange(3.0, device="neuron")]
+    assert [op().dtype for op in ops] == [torch.float32] * 4
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert [op().dtype for op in ops] == [torch.float64] * 4
+        assert (u + 5.5).cpu().tolist() == [5.5, 6.5]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [op().dtype for op in ops] == [torch.float32] * 4
+
+
+def raises_like_cpu(bad, *, synchronise=False):
+    """`bad(device)` raises on neuron what it raises on the CPU: the type and the message's first line."""
+    with pytest.raises(Exception) as on_cpu:
+        bad("cpu")
+    with pytest.raises(Exception) as on_neuron:
+        result = bad("neuron")
+        if synchronise:
+            torch.neuron.synchronize()
+            result.cpu()
+    assert on_neuron.type is on_cpu.type, on_neuron.value
+    assert str(on_cpu.value).splitlines()[0] in str(on_neuron.value)
+    assert "jax" not in str(on_neuron.value).lower()
+    assert torch.ones(2, device="neuron").sum().item() == 2.0  # the device keeps working
+
+
+def _x(d):
+    return torch.tensor([1.0, -2.0], device=d)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.neg(_x(d), out=torch.empty(2, dtype=torch.float64, device=d)),  # neg: exactly self's dtype
+        lambda d: torch.neg(_x(d), out=torch.empty(2, dtype=torch.int64, device=d)),
+        lambda d: torch.sin(_x(d), out=torch.empty(2, dtype=torch.int64, device=d)),  # not a safe cast
+        lambda d: torch.add(_x(d), 1, out=torch.empty(2, dtype=torch.int32, device=d)),
+        lambda d: torch.nonzero(_x(d), out=torch.empty(0, 1, dtype=torch.int32, device=d)),
+        lambda d: torch.masked_select(_x(d), _x(d) > 0, out=torch.empty(0, dtype=torch.int64, device=d)),
+        lambda d: torch.max(_x(d), 0, out=(torch.empty(0, device=d), torch.empty(0, dtype=torch.int32, device=d))),
+    ],
+    ids=["neg-float64", "neg-int64", "sin-int64", "add-int32", "nonzero-int32", "masked_select-int64", "max-int32"],
+)
+def test_out_of_a_dtype_the_cpu_kernel_refuses_raises(bad):
+    raises_like_cpu(bad)
+
+
+def test_out_of_a_dtype_the_cpu_kernel_accepts_is_written_in_it():
+    for device in ("cpu", "neuron"):
+        out = torch.empty(2, dtype=torch.float64, device=device)
+        assert torch.add(_x(device), 1, out=out) is out
+        assert out.dtype == torch.float64 and out.cpu().tolist() == [2.0, -1.0]
+
+
+@pytest.mark.parametrize(
+    "op, dtype, column",
+    [
+        (lambda x, out: torch.neg(x, out=out), torch.float32, 0),
+        (lambda x, out: torch.add(x, 1, out=out), torch.float32, 0),
+        (lambda x, out: torch.masked_select(x, x > -5, out=out), torch.float32, 0),
+        (lambda x, out: torch.nonzero(x, out=out), torch.int64, slice(0, 1)),
+    ],
+    ids=["neg", "add", "masked_select", "nonzero"],
+)
+def test_non_contiguous_out_of_the_right_size_keeps_its_strides(op, dtype, column):
+    """The result is written through the out view into its base, as on the CPU (not to a restrided view)."""
+    bases = {}
+    for device in ("cpu", "neuron"):
+        bases[device] = torch.zeros(2, 3, dtype=dtype, device=device)
+        op(torch.tensor([1.0, -2.0], device=device), bases[device][:, column])
+    torch.testing.assert_close(bases["neuron"].cpu(), bases["cpu"])
+
+
+def _t(values, d, **kwargs):
+    return torch.tensor(values, device=d, **kwargs)
+
+
+def _logits(d, *shape):
+    return torch.ones(*shape, device=d)
+
+
+# value checks: the op is queued as on CUDA, the error (the CPU's type and message) comes at the next sync
+VALUE_CHECKS = {
+    "cross_entropy": lambda d: F.cross_entropy(_logits(d, 2, 3), _t([0, 3], d)),
+    "cross_entropy-negative": lambda d: F.cross_entropy(_logits(d, 2, 3), _t([0, -2], d)),
+    "cross_entropy-2d": lambda d: F.cross_entropy(_logits(d, 2, 3, 2), torch.full((2, 2), 4, device=d)),
+    "nll_loss-1d": lambda d: F.nll_loss(_logits(d, 3), _t(5, d)),
+    "multinomial-nan": lambda d: torch.multinomial(_t([0.5, float("nan")], d), 1),
+    "multinomial-inf": lambda d: torch.multinomial(_t([0.5, float("inf")], d), 1),
+    "multinomial-negative": lambda d: torch.multinomial(_t([0.5, -1.0], d), 1),
+    "multinomial-zero-row": lambda d: torch.multinomial(_t([[0.0, 0.0], [1.0, 1.0]], d), 1, True),
+    "scatter-negative": lambda d: torch.zeros(3, device=d).scatter(0, _t([-1], d), _t([1.0], d)),
+    "scatter_-value": lambda d: torch.zeros(3, device=d).scatter_(0, _t([3], d), 1.0),
+    "scatter_add": lambda d: torch.zeros(3, device=d).scatter_add(0, _t([3], d), _t([1.0], d)),
+    "scatter_reduce": lambda d: torch.zeros(3, device=d).scatter_reduce(0, _t([3], d), _t([1.0], d), "sum"),
+    "gather-negative": lambda d: torch.gather(_t([1.0, 2.0], d), 0, _t([-1], d)),
+    "index_select-negative": lambda d: torch.index_select(_t([1.0, 2.0], d), 0, _t([-1], d)),
+    "index-negative": lambda d: _t([1.0, 2.0], d)[_t([-3], d)],
+    "index_put_": lambda d: torch.zeros(3, device=d).index_put_((_t([5], d),), _t([1.0], d)),
+    "index_put_-accumulate": lambda d: torch.zeros(3, device=d).index_put_((_t([-4], d),), _t([1.0], d), True),
+    "index_add": lambda d: torch.zeros(3, device=d).index_add(0, _t([-1], d), _t([1.0], d)),
+    "index_copy": lambda d: torch.zeros(3, device=d).index_copy(0, _t([5], d), _t([1.0], d)),
+    "index_fill": lambda d: torch.zeros(3, device=d).index_fill(0, _t([-4], d), 1.0),
+    "take": lambda d: _t([1.0, 2.0], d).take(_t([5], d)),
+    "put": lambda d: torch.zeros(3, device=d).put(_t([-4], d), _t([1.0], d)),
+    "embedding-negative": lambda d: F.embedding(_t([-1], d), _logits(d, 3, 2)),
+    "one_hot": lambda d: F.one_hot(_t([0, 3], d), 3),
+    "one_hot-negative": lambda d: F.one_hot(_t([0, -1], d), 3),
+}
+
+
+@pytest.mark.parametrize("bad", VALUE_CHECKS.values(), ids=VALUE_CHECKS.keys())
+def test_bad_values_raise_like_the_cpu_at_synchronisation(bad):
+    raises_like_cpu(bad, synchronise=True)
+
+
+def test_ignore_index_and_negative_indices_where_allowed_still_work():
+    for device in ("cpu", "neuron"):
+        logits = torch.arange(6.0, device=device).reshape(2, 3)
+        results = [
+            F.cross_entropy(logits, _t([2, -100], device)),
+            F.nll_loss(logits, _t([1, 7], device), ignore_index=7),
+            _t([1.0, 2.0], device)[_t([-1], device)],
+            torch.zeros(3, device=device).index_fill(0, _t([-1], device), 1.0),
+            torch.zeros(3, device=device).put(_t([-1], device), _t([1.0], device)),
+            F.one_hot(_t([[0, 2]], device)),
+            F.one_hot(_t([0, 2], device), 4),
+        ]
+        if device == "cpu":
+            expected = results
+    torch.neuron.synchronize()
+    for r, e in zip(results, expected):
+        torch.testing.assert_close(r.cpu(), e)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.repeat_interleave(_t([1.0, 2.0], d), _t([1, -1], d)),
+        lambda d: torch.repeat_interleave(_t([1, -1], d)),
+        lambda d: torch.bincount(_t([1, -1], d)),
+        lambda d: F.one_hot(torch.zeros(0, dtype=torch.long, device=d)),
+    ],
+    ids=["repeat_interleave", "repeat_interleave-repeats", "bincount", "one_hot-empty"],
+)
+def test_bad_values_of_data_dependent_ops_raise_at_the_call(bad):
+    raises_like_cpu(bad)
+
+
+_BLOCKING = """
+import pytest, torch
+x = torch.zeros(3, device="neuron")
+with pytest.raises(RuntimeError, match="index 5 is out of bounds .* reported at the op"):
+    x.scatter_(0, torch.tensor([5], device="neuron"), 1.0)
+print("raised at the op")
+"""
+
+
+def test_launch_blocking_raises_value_errors_at_the_op():
+    env = dict(os.environ, TORCHNEURON_LAUNCH_BLOCKING="1")
+    run = subprocess.run([sys.executable, "-c", _BLOCKING], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and "raised at the op" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("float8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int64])
+def test_float8_conversions_saturate_as_on_the_cpu(source, float8):
+    """e4m3fn has no infinities: the CPU saturates beyond 448 (inf included) instead of giving nan."""
+    values = [464.0, 480.0, 500.0, 1e30, float("inf"), -float("inf"), float("nan"), -500.0, 0.001, 2.0**-10]
+    x = torch.tensor([1000, -1000, 3, 448, 449]) if source == torch.int64 else torch.tensor(values).to(source)
+    expected = x.to(float8).float().nan_to_num(7.0)
+    converted = x.to("neuron").to(float8)
+    copied = torch.empty(x.shape, dtype=float8, device="neuron").copy_(x.to("neuron"))
+    for result in (converted, copied):
+        assert result.dtype == float8
+        assert torch.equal(result.float().cpu().nan_to_num(7.0), expected)
+
+
+@pytest.mark.parametrize(
+    "too_big",
+    [
+        lambda: torch.empty(1 << 40, device="neuron"),
+        lambda: torch.zeros(1 << 38, device="neuron"),
+        lambda: torch.ones(1, device="neuron").expand(1 << 38).contiguous(),  # the program's own allocation
+    ],
+    ids=["empty", "zeros", "program-output"],
+)
+def test_an_allocation_beyond_the_device_raises_out_of_memory_and_the_device_keeps_working(too_big):
+    assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
+    before = torch.neuron.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError, match=r"neuron out of memory.*(1099511627776|4398046511104) bytes"):
+        too_big()
+    assert torch.neuron.memory_allocated() <= before  # nothing of the failed request stays counted
+    assert torch.ones(1000, device="neuron").sum().item() == 1000.0
+
+
+@pytest.mark.parametrize(
+    "sparse, layout",
+    [
+        (lambda x: x.to_sparse(), "sparse_coo"),
+        (lambda x: x.to_sparse_csr(), "sparse_csr"),
+        (lambda x: x.to_sparse(layout=torch.sparse_csc), "sparse_csc"),
+        (lambda x: x.cpu().to_sparse().to("neuron"), "sparse_coo"),
+        (lambda x: torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,), device="neuron"), "sparse_coo"),
+    ],
+    ids=["to_sparse", "to_sparse_csr", "to_sparse-csc", "to-neuron", "sparse_coo_tensor"],
+)
+def test_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layout):
+    """Not a RecursionError: neuron tensors are strided."""
+    with pytest.raises(NotImplementedError, match=rf"aten\..*torch\.{layout}"):
+        sparse(torch.ones(2, 2, device="neuron"))
+
+
+def _set(x, key, value):
+    x[key] = value
+    return x
+
+
+INDEXING = {
+    "cpu-mask-set": lambda d: _set(torch.zeros(3, device=d), torch.tensor([True, False, True]), 1.0),
+    "cpu-index-set": lambda d: _set(torch.zeros(3, device=d), torch.tensor([0, 2]), torch.tensor(5.0)),
+    "cpu-mask-column-add": lambda d: _set(torch.zeros(2, 3, device=d), (slice(None), torch.tensor([1, 0, 1]).bool()), 2.0),
+    "cpu-index": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([0, 1])],
+    "cpu-indices": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([0, 1]), torch.tensor([1, 2])],
+    "cpu-mask": lambda d: torch.arange(12.0, device=d).reshape(3, 4)[torch.tensor([True, False, True])],
+}
+
+
+@pytest.mark.parametrize("indexing", INDEXING.values(), ids=INDEXING.keys())
+def test_cpu_index_and_mask_tensors_index_neuron_tensors_as_cuda_ones(indexing):
+    torch.testing.assert_close(indexing("neuron").cpu(), indexing("cpu"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.zeros(3, 4, device=d)[torch.tensor([True, False], device=d)],
+        lambda d: torch.zeros(3, 4, device=d)[:, torch.tensor([True, False, True], device=d)],
+        lambda d: torch.zeros(3, 4, device=d)[torch.ones(3, 3, dtype=torch.bool, device=d)],
+        lambda d: _set(torch.zeros(3, 4, device=d), torch.tensor([True, False], device=d), 1.0),
+    ],
+    ids=["rows", "columns", "2d", "set"],
+)
+def test_a_mask_of_the_wrong_shape_raises_index_error(bad):
+    raises_like_cpu(bad)
