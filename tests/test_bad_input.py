@@ -214,10 +214,19 @@ def test_float8_conversions_saturate_as_on_the_cpu(source, float8):
 def test_an_allocation_beyond_the_device_raises_out_of_memory_and_the_device_keeps_working(too_big):
     assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
     before = torch.neuron.memory_allocated()
+    ooms = torch.neuron.memory_stats()["num_ooms"]
     with pytest.raises(torch.OutOfMemoryError, match=r"neuron out of memory.*(1099511627776|4398046511104) bytes"):
         too_big()
     assert torch.neuron.memory_allocated() <= before  # nothing of the failed request stays counted
+    assert torch.neuron.memory_stats()["num_ooms"] == ooms + 1
     assert torch.ones(1000, device="neuron").sum().item() == 1000.0
+
+
+def test_growing_a_storage_beyond_the_device_raises_out_of_memory():
+    x = torch.ones(4, device="neuron")
+    with pytest.raises(torch.OutOfMemoryError, match="neuron out of memory"):
+        x.untyped_storage().resize_(1 << 42)
+    assert x.untyped_storage().nbytes() == 16 and x.sum().item() == 4.0
 
 
 @pytest.mark.parametrize(

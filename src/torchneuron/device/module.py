@@ -1,6 +1,5 @@
 """`torch.neuron`: the device module, as complete as torch.cuda is for ordinary use."""
 import functools
-import os
 
 import torch
 
@@ -93,13 +92,6 @@ def get_device_capability(device=None):
     return (0, 0)
 
 
-def _memory_limit(index: int) -> int:
-    """The device's memory: PJRT's limit where the platform reports one, else the host's (XLA:CPU's
-    devices allocate host memory)."""
-    limit = int((_jax_device(index).memory_stats() or {}).get("bytes_limit", 0))
-    return limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 @functools.cache
 def _properties(index: int):
     from types import SimpleNamespace
@@ -109,7 +101,7 @@ def _properties(index: int):
         name=get_device_name(index),
         platform=d.platform,
         device_kind=d.device_kind,
-        total_memory=_memory_limit(index),
+        total_memory=_memory().free_and_total(index)[1],
         multi_processor_count=1,
         type="neuron",
         index=index,
@@ -306,11 +298,8 @@ def memory_stats(device=None) -> dict:
 
 
 def mem_get_info(device=None):
-    """(free, total) bytes of the device."""
-    index = _index(device)
-    total = _memory_limit(index)
-    in_use = (_jax_device(index).memory_stats() or {}).get("bytes_in_use", _memory().account(index).allocated)
-    return (max(total - int(in_use), 0), total)
+    """(free, total) bytes of the device: PJRT's figures, or the host's on XLA:CPU."""
+    return _memory().free_and_total(_index(device))
 
 
 def empty_cache() -> None:

@@ -46,7 +46,7 @@ def reset_peak(device_index: int) -> None:
     a.peak = a.allocated
 
 
-def _free_and_total(device_index: int) -> tuple:
+def free_and_total(device_index: int) -> tuple:
     """Bytes free and in all on the device: PJRT's figures where it keeps them, else (XLA:CPU) the host's."""
     stats = jax_device(device_index).memory_stats() or {}
     if "bytes_limit" in stats:
@@ -69,7 +69,7 @@ def _host_reclaimable() -> int:
 @functools.cache
 def _worth_asking(device_index: int) -> int:
     """Requests up to a quarter of the device's memory go ahead unasked: asking costs a system call."""
-    return _free_and_total(device_index)[1] // 4
+    return free_and_total(device_index)[1] // 4
 
 
 def _size(nbytes: float) -> str:
@@ -84,8 +84,9 @@ def check_fits(nbytes: int, device_index: int) -> None:
     (PJRT would fail later, at first use, with an error PyTorch code does not expect)."""
     if nbytes <= _worth_asking(device_index):
         return
-    free, total = _free_and_total(device_index)
+    free, total = free_and_total(device_index)
     if nbytes > free:
+        accounts[device_index].ooms += 1
         raise torch.OutOfMemoryError(
             f"neuron out of memory. Tried to allocate {_size(nbytes)} ({nbytes} bytes). neuron:{device_index} has a "
             f"total capacity of {_size(total)} of which {_size(free)} is free; PyTorch holds "
@@ -96,6 +97,7 @@ def check_fits(nbytes: int, device_index: int) -> None:
 def raise_if_exhausted(error: Exception, device_index: int) -> None:
     """XLA's RESOURCE_EXHAUSTED from running a program, as the torch.OutOfMemoryError PyTorch code expects."""
     if "RESOURCE_EXHAUSTED" in str(error):
+        accounts[device_index].ooms += 1
         raise torch.OutOfMemoryError(
             f"neuron out of memory on neuron:{device_index}: {str(error).splitlines()[0]}"
         ) from None

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..native import _C as native
-from .memory import accounts
+from .memory import accounts, check_fits
 from .dtypes import to_jax
 from .platform import jax_device
 
@@ -86,6 +86,8 @@ class Storage:
         empty storage allocates lazily, as a new one does, and shrinking to 0 frees the buffer."""
         if numel == self.numel:
             return
+        if numel > self.numel:
+            check_fits((numel - self.numel) * self.dtype.itemsize, self.device_index)
         if numel == 0 or self.numel == 0:
             new = None
         else:
