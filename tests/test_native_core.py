@@ -301,5 +301,5 @@ def test_device_properties_and_cuda_named_memory_stats():
     for name in ("allocated_bytes", "active_bytes", "reserved_bytes"):
         assert stats[f"{name}.all.current"] == base + x.nbytes
         assert stats[f"{name}.all.peak"] == base + x.nbytes
-    assert stats["num_alloc_retries"] == 0 and stats["num_ooms"] >= 0  # counted by the OOM tests
+    assert stats["num_alloc_retries"] == 0 and "num_ooms" in stats  # its count: test_bad_input's OOM test
     assert torch.accelerator.memory_stats()["active_bytes.all.peak"] == base + x.nbytes
