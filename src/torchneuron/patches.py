@@ -11,8 +11,6 @@ places. `applied()` reports every patch and a test checks they are in force.
 import functools
 import importlib
 import os
-import warnings
-import weakref
 
 import torch
 
@@ -54,33 +52,6 @@ def torch_load_map_location_neuron():
         return torch.utils._pytree.tree_map(to_device, loaded)
 
     torch.load = load
-
-
-_pinned = {}
-_libraries = []
-
-
-@_patch
-def pin_memory_without_allocator():
-    """Tensor.pin_memory() and is_pinned() ask the accelerator's hooks for a pinned-memory allocator,
-    which hooks written in Python cannot provide (getPinnedMemoryAllocator is C++-only). PJRT stages
-    host-to-device copies itself, so a pinned tensor is a host copy that remembers it was pinned."""
-    library = torch.library.Library("aten", "IMPL")
-
-    def pin(tensor, device=None):
-        copy = tensor.clone()
-        _pinned[copy.untyped_storage().data_ptr()] = weakref.ref(copy)
-        return copy
-
-    def is_pinned(tensor, device=None):
-        ref = _pinned.get(tensor.untyped_storage().data_ptr())
-        return ref is not None and ref() is not None
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
-        library.impl("_pin_memory", pin, "CPU")
-        library.impl("is_pinned", is_pinned, "CPU")
-    _libraries.append(library)
 
 
 @_patch
@@ -221,7 +192,6 @@ def apply() -> None:
     if getattr(apply, "done", False):
         return
     torch_load_map_location_neuron()
-    pin_memory_without_allocator()
     foreach_tensor_type()
     tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()

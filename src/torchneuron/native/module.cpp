@@ -32,10 +32,10 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
     return at::Device(kNeuron, device_of_pointer(data));
   }
   bool isPinnedPtr(const void* data) const override {
-    return false;
+    return is_pinned_pointer(data);
   }
   at::Allocator* getPinnedMemoryAllocator() const override {
-    return c10::GetAllocator(c10::DeviceType::CPU);  // PJRT stages host transfers itself
+    return host_pinned_allocator();
   }
   c10::DeviceIndex deviceCount() const override {
     return device_count();

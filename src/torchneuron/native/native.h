@@ -33,6 +33,8 @@ c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index);
 c10::DeviceIndex device_of_pointer(const void* pointer);
 void resize_storage(const c10::Storage& storage, size_t nbytes);
 void set_storage_nbytes(const c10::Storage& storage, size_t nbytes);
+c10::Allocator* host_pinned_allocator();
+bool is_pinned_pointer(const void* pointer);
 
 // module.cpp: the Python callbacks, each called with the GIL held
 struct Callbacks {

@@ -1,13 +1,20 @@
-// Storages. FSDP2 frees and re-allocates parameters with untyped_storage().resize_(0)/resize_(n),
+// Storages, and the host memory PyTorch calls pinned. FSDP2 frees and re-allocates parameters with untyped_storage().resize_(0)/resize_(n),
 // DDP and FSDP compare data_ptr()s, and every view of a storage must report the same one. A wrapper
 // tensor made in Python gets a data-less storage of its own ("an invalid python storage"); these
 // storages are shared by all views of one neuron Storage, resize through the hooks, and carry a data
 // pointer that identifies them. The device buffer itself stays a PJRT buffer held by Python.
+// Pinned memory: PJRT stages host transfers itself, so pinned blocks are ordinary host memory, but
+// PyTorch allocates them through the hooks (DDP's reducer, pin_memory(), DataLoader) and then asks
+// isPinnedPtr about them, so the allocator remembers its blocks.
 #include "native.h"
 
+#include <c10/core/impl/alloc_cpu.h>
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
 
 namespace py = pybind11;
 
@@ -37,7 +44,46 @@ struct NeuronAllocator final : c10::Allocator {
 
 NeuronAllocator allocator;
 
+std::mutex pinned_mutex;
+std::unordered_set<const void*> pinned_blocks;
+
+void free_pinned(void* block) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned_blocks.erase(block);
+  }
+  c10::free_cpu(block);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* block = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (block != nullptr) {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned_blocks.insert(block);
+    }
+    return c10::DataPtr(block, block, &free_pinned, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pinned;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+PinnedAllocator pinned_allocator;
+
 } // namespace
+
+c10::Allocator* host_pinned_allocator() {
+  return &pinned_allocator;
+}
+
+bool is_pinned_pointer(const void* pointer) {
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  return pinned_blocks.count(pointer) != 0;
+}
 
 c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index) {
   c10::Device device(kNeuron, index);
