@@ -113,8 +113,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._group_name = name
         self._group_desc = ""
         self._cpu = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
-        self._slot = None  # which of this process's devices the group's mesh uses
+        self._store = store
         self._p2p = {}  # peer -> queued sends/recvs (see _queue_p2p)
+        self._calls = {}  # participants -> programs run: the same count on every rank while they agree
+        self._coalesced = None  # works issued inside a coalescing manager
 
     # --- names: functional collectives look groups up by name ------------------------------------------
 
@@ -140,10 +142,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # --- plumbing ---------------------------------------------------------------------------------------
 
     def _mesh(self, tensor):
-        if self._slot is None:
-            local = [d for d in platform.devices() if d is not None]
-            self._slot = local.index(platform.jax_device(tensor._spec[4]))
-        return programs.group(self._ranks, self._slot)
+        return self._mesh_at(tensor._spec[4])
+
+    def _mesh_at(self, device_index: int, ranks=None):
+        return programs.group(ranks or self._ranks, _slot(device_index))
 
     def _on_cpu(self, tensors) -> bool:
         devices = {t.device.type for t in tensors}
@@ -155,7 +157,22 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _work(self, outputs, written, what, arrays=()) -> Work:
         arrays = list(arrays) + [t._storage.buffer for t in written]
-        return Work(outputs, arrays, self._timeout, what)
+        work = Work(outputs, arrays, self._timeout, what)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _run(self, kind, grp, flat, *statics):
+        participants = tuple(self._ranks.index(r) for r in grp.ranks)
+        call = self._calls[participants] = self._calls.get(participants, 0) + 1
+        return programs.run(_Agreement(self, participants, call), kind, grp, flat, *statics)
+
+    def _start_coalescing(self, device) -> None:
+        self._coalesced = []
+
+    def _end_coalescing(self, device) -> Work:
+        works, self._coalesced = self._coalesced or [], None
+        return Work([t for w in works for t in w._outputs], [a for w in works for a in w._arrays], self._timeout, "coalesced collectives")
 
     def _flush_p2p(self) -> None:
         for peer in sorted(self._p2p):
@@ -167,7 +184,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             _check_op(name, t.dtype)
         self._flush_p2p()
         for t in tensors:
-            buffers.write(t, programs.run(kind, self._mesh(t), buffers.flat(t), name, factor))
+            buffers.write(t, self._run(kind, self._mesh(t), buffers.flat(t), name, factor))
         return self._work(tensors, tensors, what)
 
     # --- collectives ----------------------------------------------------------------------------------------
@@ -188,7 +205,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             return self._cpu.broadcast(tensors, opts)
         self._flush_p2p()
         for t in tensors:
-            buffers.write(t, programs.run("broadcast", self._mesh(t), buffers.flat(t), opts.rootRank))
+            buffers.write(t, self._run("broadcast", self._mesh(t), buffers.flat(t), opts.rootRank))
         return self._work(tensors, tensors, "broadcast")
 
     def reduce(self, tensors, opts=None):
@@ -200,7 +217,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             _check_op(name, t.dtype)
         self._flush_p2p()
         # an all-reduce whose result only the root keeps: the same traffic as a ring reduce
-        arrays = [programs.run("all_reduce", self._mesh(t), buffers.flat(t), name, factor) for t in tensors]
+        arrays = [self._run("all_reduce", self._mesh(t), buffers.flat(t), name, factor) for t in tensors]
         if self.rank() == opts.rootRank:
             for t, values in zip(tensors, arrays):
                 buffers.write(t, values)
@@ -208,7 +225,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _gather_into(self, outputs, source, what):
         """All-gather `source` and write rank i's values into outputs[i] (or all into one tensor)."""
-        gathered = programs.run("all_gather", self._mesh(source), buffers.flat(source))
+        gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
         if len(outputs) == 1 and outputs[0].numel() == gathered.shape[0]:
             buffers.write(outputs[0], gathered)
         else:
@@ -266,7 +283,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             return self._cpu.gather(output_tensors, input_tensors, opts)
         self._flush_p2p()
         (source,) = input_tensors
-        gathered = programs.run("all_gather", self._mesh(source), buffers.flat(source))
+        gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
         written = []
         if self.rank() == opts.rootRank:
             (outputs,) = output_tensors
@@ -290,7 +307,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             for t in inputs:
                 self._check_numel(t, out.numel(), "reduce_scatter")
             stacked = jnp.concatenate([buffers.flat(t) for t in inputs])
-            buffers.write(out, programs.run("reduce_scatter", self._mesh(out), stacked, name, factor))
+            buffers.write(out, self._run("reduce_scatter", self._mesh(out), stacked, name, factor))
         return self._work(output_tensors, output_tensors, "reduce_scatter")
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -310,7 +327,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError("input tensor must be the same size as output size times world size")
             if out.dtype != source.dtype:
                 raise TypeError("input tensor must be the same type as the output tensor.")
-            buffers.write(out, programs.run("reduce_scatter", self._mesh(out), buffers.flat(source), name, factor))
+            buffers.write(out, self._run("reduce_scatter", self._mesh(out), buffers.flat(source), name, factor))
         return self._work(outputs, outputs, "reduce_scatter_tensor")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -329,7 +346,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             stacked = jnp.concatenate([buffers.flat(t) for t in inputs])
         else:
             stacked = _zeros(out, out.numel() * self.size())
-        buffers.write(out, programs.run("scatter", self._mesh(out), stacked, opts.rootRank))
+        buffers.write(out, self._run("scatter", self._mesh(out), stacked, opts.rootRank))
         return self._work(output_tensors, output_tensors, "scatter")
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -341,7 +358,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             if input.numel() % size or output.numel() != input.numel():
                 raise ValueError(f"all_to_all_single: tensors of {input.numel()} and {output.numel()} elements do not split evenly {size} ways")
-            buffers.write(output, programs.run("all_to_all", self._mesh(input), buffers.flat(input)))
+            buffers.write(output, self._run("all_to_all", self._mesh(input), buffers.flat(input)))
             return self._work([output], [output], "all_to_all_single")
         row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
         ins = list(input_split_sizes) or [input.shape[0] // size] * size
@@ -369,18 +386,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
         MAX all-reduce of one number), exchanged in one program, then cut to the sizes received."""
         mesh = self._mesh(like)
         local_max = max([c.shape[0] for c in chunks] + list(received_sizes))
-        agreed = programs.run("all_reduce", mesh, _scalar(like, local_max), "MAX", None)
+        agreed = self._run("all_reduce", mesh, _scalar(like, local_max), "MAX", None)
         width = int(agreed[0])
         padded = jnp.concatenate([jnp.pad(c, (0, width - c.shape[0])) for c in chunks])
-        exchanged = programs.run("all_to_all", mesh, padded)
+        exchanged = self._run("all_to_all", mesh, padded)
         return [exchanged[i * width : i * width + n] for i, n in enumerate(received_sizes)]
 
     def barrier(self, opts=None):
         self._flush_p2p()
-        token = _scalar_on(platform.jax_device(torch.neuron.current_device()), 0)
-        slot = [d for d in platform.devices() if d is not None].index(token.devices().pop()) if self._slot is None else self._slot
-        self._slot = slot
-        done = programs.run("all_reduce", programs.group(self._ranks, slot), token, "SUM", None)
+        index = torch.neuron.current_device()
+        done = self._run("all_reduce", self._mesh_at(index), _scalar_on(platform.jax_device(index), 0), "SUM", None)
         work = Work([], [done], self._timeout, "barrier")
         work.wait()
         return work
@@ -420,12 +435,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for sending, tensors, work in upward + downward:
             for t in tensors:
                 if pair is None:
-                    local = [d for d in platform.devices() if d is not None]
-                    slot = local.index(platform.jax_device(t._spec[4]))
-                    pair = programs.group((self._ranks[low], self._ranks[high]), slot)
+                    pair = self._mesh_at(t._spec[4], (self._ranks[low], self._ranks[high]))
                 source, destination = (0, 1) if (me == low) == sending else (1, 0)
                 values = buffers.flat(t) if sending else _zeros(t, t.numel())
-                received = programs.run("send", pair, values, source, destination)
+                received = self._run("send", pair, values, source, destination)
                 if not sending:
                     buffers.write(t, received)
                 work._arrays.append(received)
@@ -438,6 +451,40 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self._p2p.clear()
+
+
+class _Agreement:
+    """Checks, through the group's store, that the participants of one program call all run the same
+    program; `always` under TORCH_DISTRIBUTED_DEBUG=DETAIL, else when a rank first compiles it."""
+
+    def __init__(self, group, participants, call):
+        self.group, self.participants, self.call = group, participants, call
+        self.always = dist.get_debug_level() == dist.DebugLevel.DETAIL
+
+    def __call__(self, what: str) -> None:
+        store, me = self.group._store, self.group.rank()
+        prefix = f"torchneuron/agree/{'-'.join(map(str, self.participants))}/{self.call}/"
+        store.set(prefix + str(me), what)
+        others = [r for r in self.participants if r != me]
+        try:
+            store.wait([prefix + str(r) for r in others], self.group._timeout)
+        except Exception:
+            raise dist.DistBackendError(
+                f"neuron: rank {me} is running {what}, but rank(s) {others} did not issue a matching collective "
+                f"within {self.group._timeout} (every rank must issue the same collectives in the same order)"
+            ) from None
+        for r in others:
+            theirs = store.get(prefix + str(r)).decode()
+            if theirs != what:
+                raise RuntimeError(
+                    f"neuron: ranks disagree on a collective: rank {me} runs {what} but rank {r} runs {theirs} "
+                    "(every rank must pass tensors of the same shape and dtype)"
+                )
+
+
+def _slot(device_index: int) -> int:
+    """Which of this process's devices `neuron:device_index` is (the same slot on every rank)."""
+    return [d for d in platform.devices() if d is not None].index(platform.jax_device(device_index))
 
 
 def _split(flat, sizes):

@@ -104,9 +104,14 @@ def _bodies(kind: str, size: int, statics: tuple):
 _programs = {}
 
 
-def _program(kind: str, grp: Group, length: int, dtype, statics: tuple):
+def _program(kind: str, grp: Group, length: int, dtype, statics: tuple, agree):
     key = (kind, grp, length, dtype, statics)
     compiled = _programs.get(key)
+    if compiled is None or agree.always:
+        # ranks passing different shapes would run mismatched collectives, which XLA's communicators
+        # abort the process on: compare what each rank is about to run while that is still an error
+        arguments = ", ".join(str(s) for s in statics if s is not None)
+        agree(f"{kind}({arguments}) of {length} x {jnp.dtype(dtype).name} per rank")
     if compiled is None:
         body = _bodies(kind, grp.size, statics)
         mapped = jax.shard_map(body, mesh=grp.mesh, in_specs=_SPEC, out_specs=_SPEC)
@@ -115,10 +120,11 @@ def _program(kind: str, grp: Group, length: int, dtype, statics: tuple):
     return compiled
 
 
-def run(kind: str, grp: Group, flat, *statics):
-    """This rank's shard of the collective `kind` over `grp`, given this rank's flat buffer."""
+def run(agree, kind: str, grp: Group, flat, *statics):
+    """This rank's shard of the collective `kind` over `grp`, given this rank's flat buffer. `agree(what)`
+    checks that every rank runs the same program (called when it is first compiled here)."""
     flat = _unbooled(flat)
-    compiled = _program(kind, grp, flat.shape[0], flat.dtype, statics)
+    compiled = _program(kind, grp, flat.shape[0], flat.dtype, statics, agree)
     whole = jax.make_array_from_single_device_arrays((grp.size * flat.shape[0],), grp.sharding, [flat])
     return compiled(whole).addressable_data(0)
 
