@@ -1,5 +1,9 @@
 """The `neuron` c10d backend across 2 processes (each job in launch.py runs both ranks, 120 s at most)."""
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,27 @@ def test_mismatched_shapes_raise_a_clear_error():
     results = launch.run("fault", "shape", timeout=90)
     assert all(code != 0 for code, _ in results), results
     assert any(re.search(r"ranks disagree on a collective: rank \d runs all_reduce", out) for _, out in results), results
+
+
+def test_torchrun_two_nodes_on_one_host_trains_the_example():
+    """torchrun's launch (static rendezvous, --nnodes 2): the example sets its device before
+    init_process_group, so the runtime joins the others at that first device use, via the agent's store."""
+    port = launch.free_port()
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp_torchrun.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(launch.SRC), os.environ.get("PYTHONPATH", "")]))
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), str(example)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for node in range(2)
+    ]
+    try:
+        outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert all(node.returncode == 0 for node in nodes), outputs
+    losses = [float(m) for m in re.findall(r"step +\d+ +loss ([\d.]+)", outputs[0])]
+    assert len(losses) == 5 and losses[-1] < losses[0], outputs[0]
