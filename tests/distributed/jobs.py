@@ -252,6 +252,9 @@ def check_groups_and_objects():
     equal(funcol.all_gather_tensor(t, 0, dist.group.WORLD), torch.cat([inputs(r).float() for r in range(WORLD)]), "funcol.all_gather_tensor")
     scattered = funcol.reduce_scatter_tensor(torch.cat([t] * WORLD), "sum", 0, mesh)
     equal(scattered, expected_reduction("SUM", torch.float32), "funcol.reduce_scatter_tensor")
+    # in a compiled graph the collective runs between the graph's XLA programs
+    compiled = torch.compile(lambda x: funcol.all_reduce(x * 2, "max", mesh) + 1, backend="neuron")
+    equal(compiled(t), expected_reduction("MAX", torch.float32) * 2 + 1, "funcol.all_reduce under torch.compile")
 
 
 def job_collectives():

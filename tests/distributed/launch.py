@@ -5,9 +5,11 @@ rank exits 0. Start-up (torch + jax import, joining the runtime) costs seconds,
 so each job groups many checks.
 """
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 JOBS = Path(__file__).with_name("jobs.py")
@@ -24,6 +26,7 @@ def run(job: str, *args: str, world: int = 2, nodes: int = 1, timeout: float = 1
     """Start `world` ranks of `job` (`nodes` nodes of world/nodes ranks each); returns [(returncode, output)]."""
     port = free_port()
     per_node = world // nodes
+    cache = tempfile.mkdtemp(prefix="torchneuron-dist-cache-")  # compiled graphs: this job's own
     procs = []
     for rank in range(world):
         rank_env = dict(
@@ -31,7 +34,7 @@ def run(job: str, *args: str, world: int = 2, nodes: int = 1, timeout: float = 1
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
             LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
             PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-            PYTHONUNBUFFERED="1", TORCHNEURON_FALLBACK="error",
+            PYTHONUNBUFFERED="1", TORCHNEURON_FALLBACK="error", TORCHNEURON_CACHE_DIR=cache,
         )
         rank_env.update(env or {})
         procs.append(subprocess.Popen(
@@ -48,6 +51,7 @@ def run(job: str, *args: str, world: int = 2, nodes: int = 1, timeout: float = 1
             out, _ = proc.communicate()
             out = f"TIMED OUT after {timeout}s\n{out}"
         results.append((proc.returncode, out))
+    shutil.rmtree(cache, ignore_errors=True)
     return results
 
 
