@@ -62,9 +62,6 @@ class Work(dist._Work):
         self._launched()
         return all(a.is_ready() for a in self._arrays)
 
-    def is_success(self) -> bool:
-        return self.is_completed()
-
     def wait(self, timeout=datetime.timedelta(0)) -> bool:
         self._launched()
         _await(self._arrays, timeout if timeout else self._timeout, self._what)
