@@ -11,7 +11,6 @@ import functools
 import jax
 import torch
 
-from ..eager import adaptive
 from ..runtime.dtypes import to_jax
 from ..runtime.layout import covers_storage, read_view, write_view
 
@@ -32,9 +31,18 @@ def _writer(spec, storage_dtype):
     return jax.jit(lambda buffer, flat: write_view(buffer, flat.reshape(spec[0]), spec, storage_dtype), donate_argnums=0)
 
 
+def _flush_queued_ops() -> None:
+    """Bound on first use to adaptive eager's flush (importing it pulls in Dynamo: not at `import torch`)."""
+    global _flush_queued_ops
+    from ..eager import adaptive
+
+    _flush_queued_ops = adaptive.flush
+    adaptive.flush()
+
+
 def flat(tensor) -> jax.Array:
     """The tensor's values, flattened in row-major order, on its device."""
-    adaptive.flush()
+    _flush_queued_ops()
     if _is_whole_storage(tensor):
         return tensor._storage.buffer
     return _reader(tensor._spec)(tensor._storage.buffer)
