@@ -24,6 +24,8 @@ register()
 from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
+if torch.distributed.is_available():
+    from . import distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 
 _importing = False
 

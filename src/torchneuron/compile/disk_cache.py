@@ -42,7 +42,9 @@ def directory() -> str:
 
 def _path(lowered, device) -> str:
     digest = hashlib.sha256()
-    digest.update(f"{_versions()}|{device}|".encode())
+    # the PJRT device, not the neuron index: processes sharing a runtime (torch.distributed) share the
+    # cache directory, and each one's executable is loaded onto the device it was compiled for
+    digest.update(f"{_versions()}|{jax_device(device)}|".encode())
     digest.update(lowered.as_text().encode())
     return os.path.join(directory(), digest.hexdigest() + ".xla")
 

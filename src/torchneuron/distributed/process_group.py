@@ -1,0 +1,535 @@
+"""The `neuron` c10d backend: a Python ProcessGroup whose collectives are XLA programs.
+
+Results are written into the caller's tensors as soon as the program is
+enqueued (PJRT runs it asynchronously and every later op on those tensors waits
+for it), so `async_op=True` returns at once and `Work.wait()` only has to wait,
+with the group's timeout, when the caller wants the host to. CPU tensors go to
+a gloo group made alongside, so `"cpu:gloo,neuron:neuron"` and object
+collectives work.
+"""
+import concurrent.futures
+import datetime
+import os
+import socket
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..runtime import platform
+from ..runtime.dtypes import to_jax
+from . import buffers, programs
+
+_waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="neuron-collective-wait")
+
+
+def _await(arrays, timeout: datetime.timedelta, what: str) -> None:
+    """Block until `arrays` are computed, or raise PyTorch's DistBackendError after `timeout`."""
+    pending = [a for a in arrays if not a.is_ready()]
+    if not pending:
+        return
+    future = _waiter.submit(lambda: [a.block_until_ready() for a in pending])
+    try:
+        future.result(timeout=timeout.total_seconds())
+    except concurrent.futures.TimeoutError:
+        raise dist.DistBackendError(
+            f"neuron: {what} did not complete within {timeout}: a peer rank died, raised, or issued "
+            "a different collective (every rank must issue the same collectives in the same order)"
+        ) from None
+    except Exception as error:
+        raise dist.DistBackendError(f"neuron: {what} failed: {error}") from error
+
+
+class Work(dist._Work):
+    """A collective in flight: its outputs are already the caller's tensors; `arrays` say when it is done."""
+
+    def __init__(self, outputs, arrays, timeout, what: str, launch=None):
+        super().__init__()
+        self._outputs = outputs
+        self._arrays = arrays
+        self._timeout = timeout
+        self._what = what
+        self._launch = launch
+
+    def _launched(self) -> None:
+        if self._launch is not None:
+            launch, self._launch = self._launch, None
+            launch()
+
+    def is_completed(self) -> bool:
+        self._launched()
+        return all(a.is_ready() for a in self._arrays)
+
+    def wait(self, timeout=datetime.timedelta(0)) -> bool:
+        self._launched()
+        _await(self._arrays, timeout if timeout else self._timeout, self._what)
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        # later ops on the outputs wait for the program on the device; the value is ready to use now
+        self._launched()
+        future = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
+
+
+def _op_name(op) -> tuple:
+    """(name, PREMUL_SUM factor) of a c10d ReduceOp or RedOpType."""
+    kind = op.op if isinstance(op, dist.ReduceOp) and hasattr(op, "op") else op
+    name = dist.ReduceOp.RedOpType(int(kind)).name if not isinstance(kind, dist.ReduceOp.RedOpType) else kind.name
+    factor = None
+    if name == "PREMUL_SUM":
+        factor = op.factor
+        factor = float(factor.item() if isinstance(factor, torch.Tensor) else factor)
+    return name, factor
+
+
+def _check_op(name: str, dtype: torch.dtype) -> None:
+    if name in ("BAND", "BOR", "BXOR") and (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"neuron: ReduceOp.{name} needs an integer or bool tensor, got {dtype}")
+    if name in ("AVG", "PREMUL_SUM") and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"neuron: ReduceOp.{name} needs a floating-point or complex tensor, got {dtype}")
+    if name in ("MIN", "MAX") and dtype.is_complex:
+        raise RuntimeError(f"neuron: ReduceOp.{name} is not defined for complex tensors ({dtype})")
+
+
+class NeuronProcessGroup(dist.ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, ranks: tuple, name: str):
+        super().__init__(rank, size)
+        self._timeout = timeout
+        self._ranks = ranks
+        self._group_name = name
+        self._group_desc = ""
+        self._cpu = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+        self._store = store
+        self._p2p = {}  # peer -> queued sends/recvs (see _queue_p2p)
+        self._calls = {}  # participants -> programs run: the same count on every rank while they agree
+        self._coalesced = None  # works issued inside a coalescing manager
+
+    # --- names: functional collectives look groups up by name ------------------------------------------
+
+    def getBackendName(self) -> str:
+        return "neuron"
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    # --- plumbing ---------------------------------------------------------------------------------------
+
+    def _mesh(self, tensor):
+        return self._mesh_at(tensor._spec[4])
+
+    def _mesh_at(self, device_index: int, ranks=None):
+        return programs.group(ranks or self._ranks, _slot(device_index))
+
+    def _on_cpu(self, tensors) -> bool:
+        devices = {t.device.type for t in tensors}
+        if devices == {"cpu"}:
+            return True
+        for t in tensors:
+            buffers.check_neuron(t)
+        return False
+
+    def _work(self, outputs, written, what, arrays=()) -> Work:
+        arrays = list(arrays) + [t._storage.buffer for t in written]
+        work = Work(outputs, arrays, self._timeout, what)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _run(self, kind, grp, flat, *statics):
+        participants = tuple(self._ranks.index(r) for r in grp.ranks)
+        call = self._calls[participants] = self._calls.get(participants, 0) + 1
+        return programs.run(_Agreement(self, participants, call), kind, grp, flat, *statics)
+
+    def _start_coalescing(self, device) -> None:
+        self._coalesced = []
+
+    def _end_coalescing(self, device) -> Work:
+        works, self._coalesced = self._coalesced or [], None
+        return Work([t for w in works for t in w._outputs], [a for w in works for a in w._arrays], self._timeout, "coalesced collectives")
+
+    def _flush_p2p(self) -> None:
+        for peer in sorted(self._p2p):
+            self._run_p2p(peer)
+
+    def _reduce_each(self, tensors, op, kind: str, what: str) -> Work:
+        name, factor = _op_name(op)
+        for t in tensors:
+            _check_op(name, t.dtype)
+        self._flush_p2p()
+        for t in tensors:
+            buffers.write(t, self._run(kind, self._mesh(t), buffers.flat(t), name, factor))
+        return self._work(tensors, tensors, what)
+
+    # --- collectives ----------------------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        if self._on_cpu(tensors):
+            return self._cpu.allreduce(tensors, opts or dist.AllreduceOptions())
+        return self._reduce_each(tensors, (opts or dist.AllreduceOptions()).reduceOp, "all_reduce", "all_reduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        if self._on_cpu(tensors):
+            return self._cpu.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
+        return self._reduce_each(tensors, (opts or dist.AllreduceCoalescedOptions()).reduceOp, "all_reduce", "all_reduce_coalesced")
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        if self._on_cpu(tensors):
+            return self._cpu.broadcast(tensors, opts)
+        self._flush_p2p()
+        for t in tensors:
+            buffers.write(t, self._run("broadcast", self._mesh(t), buffers.flat(t), opts.rootRank))
+        return self._work(tensors, tensors, "broadcast")
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        if self._on_cpu(tensors):
+            return self._cpu.reduce(tensors, opts)
+        name, factor = _op_name(opts.reduceOp)
+        for t in tensors:
+            _check_op(name, t.dtype)
+        self._flush_p2p()
+        # an all-reduce whose result only the root keeps: the same traffic as a ring reduce
+        arrays = [self._run("all_reduce", self._mesh(t), buffers.flat(t), name, factor) for t in tensors]
+        if self.rank() == opts.rootRank:
+            for t, values in zip(tensors, arrays):
+                buffers.write(t, values)
+        return self._work(tensors, tensors, "reduce", arrays)
+
+    def _gather_into(self, outputs, source, what):
+        """All-gather `source` and write rank i's values into outputs[i] (or all into one tensor)."""
+        gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
+        if len(outputs) == 1 and outputs[0].numel() == gathered.shape[0]:
+            buffers.write(outputs[0], gathered)
+        else:
+            n = source.numel()
+            for i, out in enumerate(outputs):
+                buffers.write(out, gathered[i * n : (i + 1) * n])
+        return gathered
+
+    def _check_count(self, tensors, what: str) -> None:
+        if len(tensors) != self.size():
+            raise ValueError(f"{what}: expected {self.size()} tensors (the group's size), got {len(tensors)}")
+
+    def _check_numel(self, tensor, numel: int, what: str) -> None:
+        if tensor.numel() != numel:
+            raise ValueError(f"{what}: tensor of {tensor.numel()} elements where {numel} are expected")
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        if self._on_cpu(input_tensors + [t for ts in output_tensors for t in ts]):
+            return self._cpu.allgather(output_tensors, input_tensors, opts)
+        self._flush_p2p()
+        for outputs, source in zip(output_tensors, input_tensors):
+            self._check_count(outputs, "all_gather")
+            for out in outputs:
+                self._check_numel(out, source.numel(), "all_gather")
+            self._gather_into(outputs, source, "all_gather")
+        return self._work(output_tensors, [t for ts in output_tensors for t in ts], "all_gather")
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        if self._on_cpu(outputs + inputs):
+            return self._cpu.allgather_into_tensor_coalesced(outputs, inputs, opts)
+        self._flush_p2p()
+        for out, source in zip(outputs, inputs):
+            if out.numel() != source.numel() * self.size():
+                raise ValueError("output tensor size must be equal to world_size times input tensor size")
+            if out.dtype != source.dtype:
+                raise TypeError("output tensor must have the same type as input tensor")
+            self._gather_into([out], source, "all_gather_into_tensor")
+        return self._work(outputs, outputs, "all_gather_into_tensor")
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        if self._on_cpu(input_tensors + [t for ts in output_tensors for t in ts]):
+            return self._cpu.gather(output_tensors, input_tensors, opts)
+        self._flush_p2p()
+        (source,) = input_tensors
+        gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
+        written = []
+        if self.rank() == opts.rootRank:
+            (outputs,) = output_tensors
+            self._check_count(outputs, "gather")
+            n = source.numel()
+            for i, out in enumerate(outputs):
+                self._check_numel(out, n, "gather")
+                buffers.write(out, gathered[i * n : (i + 1) * n])
+            written = outputs
+        return self._work(output_tensors, written, "gather", [gathered])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        if self._on_cpu(output_tensors + [t for ts in input_tensors for t in ts]):
+            return self._cpu.reduce_scatter(output_tensors, input_tensors, opts)
+        name, factor = _op_name(opts.reduceOp)
+        self._flush_p2p()
+        for out, inputs in zip(output_tensors, input_tensors):
+            _check_op(name, out.dtype)
+            self._check_count(inputs, "reduce_scatter")
+            for t in inputs:
+                self._check_numel(t, out.numel(), "reduce_scatter")
+            stacked = jnp.concatenate([buffers.flat(t) for t in inputs])
+            buffers.write(out, self._run("reduce_scatter", self._mesh(out), stacked, name, factor))
+        return self._work(output_tensors, output_tensors, "reduce_scatter")
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        if self._on_cpu(outputs + inputs):
+            return self._cpu.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+        name, factor = _op_name(opts.reduceOp)
+        self._flush_p2p()
+        for out, source in zip(outputs, inputs):
+            _check_op(name, out.dtype)
+            if source.numel() != out.numel() * self.size():
+                raise ValueError("input tensor must be the same size as output size times world size")
+            if out.dtype != source.dtype:
+                raise TypeError("input tensor must be the same type as the output tensor.")
+            buffers.write(out, self._run("reduce_scatter", self._mesh(out), buffers.flat(source), name, factor))
+        return self._work(outputs, outputs, "reduce_scatter_tensor")
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        if self._on_cpu(output_tensors + [t for ts in input_tensors for t in ts]):
+            return self._cpu.scatter(output_tensors, input_tensors, opts)
+        self._flush_p2p()
+        (out,) = output_tensors
+        if self.rank() == opts.rootRank:
+            (inputs,) = input_tensors
+            self._check_count(inputs, "scatter")
+            for t in inputs:
+                self._check_numel(t, out.numel(), "scatter")
+            stacked = jnp.concatenate([buffers.flat(t) for t in inputs])
+        else:
+            stacked = _zeros(out, out.numel() * self.size())
+        buffers.write(out, self._run("scatter", self._mesh(out), stacked, opts.rootRank))
+        return self._work(output_tensors, output_tensors, "scatter")
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        if self._on_cpu([output, input]):
+            return self._cpu.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        self._flush_p2p()
+        size = self.size()
+        if not input_split_sizes and not output_split_sizes:
+            if input.numel() % size or output.numel() != input.numel():
+                raise ValueError(f"all_to_all_single: tensors of {input.numel()} and {output.numel()} elements do not split evenly {size} ways")
+            buffers.write(output, self._run("all_to_all", self._mesh(input), buffers.flat(input)))
+            return self._work([output], [output], "all_to_all_single")
+        row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+        ins = list(input_split_sizes) or [input.shape[0] // size] * size
+        outs = list(output_split_sizes) or [output.shape[0] // size] * size
+        source = buffers.flat(input)
+        chunks = _split(source, [s * row for s in ins])
+        results = self._exchange_uneven(chunks, [s * row for s in outs], input)
+        buffers.write(output, jnp.concatenate(results) if results else source[:0])
+        return self._work([output], [output], "all_to_all_single")
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        if self._on_cpu(output_tensors + input_tensors):
+            return self._cpu.alltoall(output_tensors, input_tensors, opts)
+        self._flush_p2p()
+        self._check_count(input_tensors, "all_to_all")
+        self._check_count(output_tensors, "all_to_all")
+        results = self._exchange_uneven([buffers.flat(t) for t in input_tensors], [t.numel() for t in output_tensors], input_tensors[0])
+        for out, values in zip(output_tensors, results):
+            buffers.write(out, values)
+        return self._work(output_tensors, output_tensors, "all_to_all")
+
+    def _exchange_uneven(self, chunks, received_sizes, like):
+        """All-to-all of chunks of any sizes: padded to the largest chunk any rank sends (agreed by a
+        MAX all-reduce of one number), exchanged in one program, then cut to the sizes received."""
+        mesh = self._mesh(like)
+        local_max = max([c.shape[0] for c in chunks] + list(received_sizes))
+        agreed = self._run("all_reduce", mesh, _scalar(like, local_max), "MAX", None)
+        width = int(agreed[0])
+        padded = jnp.concatenate([jnp.pad(c, (0, width - c.shape[0])) for c in chunks])
+        exchanged = self._run("all_to_all", mesh, padded)
+        return [exchanged[i * width : i * width + n] for i, n in enumerate(received_sizes)]
+
+    def barrier(self, opts=None):
+        self._flush_p2p()
+        index = torch.neuron.current_device()
+        done = self._run("all_reduce", self._mesh_at(index), _scalar_on(platform.jax_device(index), 0), "SUM", None)
+        work = Work([], [done], self._timeout, "barrier")
+        work.wait()
+        return work
+
+    # --- point to point ---------------------------------------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self._queue_p2p(tensors, dst, sending=True)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._queue_p2p(tensors, src, sending=False)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise RuntimeError("neuron: recv from any source is not supported (collectives are compiled for known ranks); pass src")
+
+    def _queue_p2p(self, tensors, peer: int, sending: bool):
+        """Sends and receives wait, per peer, until something needs them, then run lower rank -> higher
+        rank first: both ranks then issue the same programs in the same order whichever of send/recv
+        each posted first (the pattern of batch_isend_irecv and pipeline stages)."""
+        if self._on_cpu(tensors):
+            return (self._cpu.send if sending else self._cpu.recv)(tensors, peer, 0)
+        if peer == self.rank() or not 0 <= peer < self.size():
+            raise ValueError(f"Invalid {'destination' if sending else 'source'} rank {peer} for a group of size {self.size()} (this rank is {self.rank()})")
+        queued = self._p2p.setdefault(peer, [])
+        launch = lambda: self._run_p2p(peer)  # noqa: E731
+        work = Work(tensors, [], self._timeout, "send" if sending else "recv", launch)
+        queued.append((sending, tensors, work))
+        return work
+
+    def _run_p2p(self, peer: int) -> None:
+        queued = self._p2p.pop(peer, [])
+        me = self.rank()
+        upward = [q for q in queued if q[0] == (me < peer)]
+        downward = [q for q in queued if q[0] != (me < peer)]
+        low, high = sorted((me, peer))
+        pair = None
+        for sending, tensors, work in upward + downward:
+            for t in tensors:
+                if pair is None:
+                    pair = self._mesh_at(t._spec[4], (self._ranks[low], self._ranks[high]))
+                source, destination = (0, 1) if (me == low) == sending else (1, 0)
+                values = buffers.flat(t) if sending else _zeros(t, t.numel())
+                received = self._run("send", pair, values, source, destination)
+                if not sending:
+                    buffers.write(t, received)
+                work._arrays.append(received)
+            work._launch = None
+
+    # --- lifetime -------------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self._flush_p2p()
+
+    def abort(self) -> None:
+        self._p2p.clear()
+
+
+class _Agreement:
+    """Checks, through the group's store, that the participants of one program call all run the same
+    program; `always` under TORCH_DISTRIBUTED_DEBUG=DETAIL, else when a rank first compiles it."""
+
+    def __init__(self, group, participants, call):
+        self.group, self.participants, self.call = group, participants, call
+        self.always = dist.get_debug_level() == dist.DebugLevel.DETAIL
+
+    def __call__(self, what: str) -> None:
+        store, me = self.group._store, self.group.rank()
+        prefix = f"torchneuron/agree/{'-'.join(map(str, self.participants))}/{self.call}/"
+        store.set(prefix + str(me), what)
+        others = [r for r in self.participants if r != me]
+        try:
+            store.wait([prefix + str(r) for r in others], self.group._timeout)
+        except Exception:
+            raise dist.DistBackendError(
+                f"neuron: rank {me} is running {what}, but rank(s) {others} did not issue a matching collective "
+                f"within {self.group._timeout} (every rank must issue the same collectives in the same order)"
+            ) from None
+        for r in others:
+            theirs = store.get(prefix + str(r)).decode()
+            if theirs != what:
+                raise RuntimeError(
+                    f"neuron: ranks disagree on a collective: rank {me} runs {what} but rank {r} runs {theirs} "
+                    "(every rank must pass tensors of the same shape and dtype)"
+                )
+
+
+def _slot(device_index: int) -> int:
+    """Which of this process's devices `neuron:device_index` is (the same slot on every rank)."""
+    return [d for d in platform.devices() if d is not None].index(platform.jax_device(device_index))
+
+
+def _split(flat, sizes):
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [flat[s : s + n] for s, n in zip(starts, sizes)]
+
+
+def _zeros(like, numel):
+    return jnp.zeros((numel,), to_jax(like.dtype), device=platform.jax_device(like._spec[4]))
+
+
+def _scalar(like, value):
+    return _scalar_on(platform.jax_device(like._spec[4]), value)
+
+
+def _scalar_on(device, value):
+    return jax.device_put(np.array([value], np.int64), device)
+
+
+def _coordinator_host(store) -> str:
+    """Where peers reach process 0: the launcher's MASTER_ADDR, else the TCPStore's host (rank 0 usually
+    serves it), else this host's name."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else socket.gethostname()
+
+
+def _join(store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    """Join the world's processes into one JAX runtime, agreeing on the coordinator through the store."""
+    if platform.joined is not None:
+        platform.join(platform.joined.coordinator, size, rank, platform.joined.local_rank, platform.joined.local_count)
+        return
+    key = "torchneuron/coordinator"
+    if rank == 0:
+        store.set(key, platform.free_coordinator_address(_coordinator_host(store)))
+    coordinator = store.get(key).decode()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    platform.join(coordinator, size, rank, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(timeout.total_seconds()))
+    own = next(i for i, d in enumerate(platform.devices()) if d is not None)
+    if platform.devices()[torch.neuron.current_device()] is None:
+        torch.neuron.set_device(own)
+
+
+def create(options, backend_options=None) -> NeuronProcessGroup:
+    """The backend factory (`extended_api`): PyTorch passes the group's store, ranks and timeout."""
+    ranks = tuple(options.global_ranks_in_group) or tuple(range(options.group_size))
+    if not dist.is_initialized():  # the default group: every rank is here
+        _join(options.store, options.group_rank, options.group_size, options.timeout)
+    return NeuronProcessGroup(options.store, options.group_rank, options.group_size, options.timeout, ranks, options.group_id)

@@ -1,0 +1,380 @@
+"""What each rank runs for tests/distributed (started by launch.py; `python jobs.py JOB [ARGS]`).
+
+Every input is a known function of the rank, so each rank computes the expected
+result of a collective itself, on the CPU, from all ranks' inputs.
+"""
+import copy
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torchneuron  # noqa: F401
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+DEVICE = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+
+
+def init(backend="neuron", seconds=60):
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
+
+
+def inputs(rank, dtype=torch.float32, shape=(3, 4)):
+    """Rank `rank`'s input: small values so sums and products are exact in every dtype."""
+    base = torch.arange(1, 1 + torch.Size(shape).numel()).reshape(shape) % 5 + rank + 1
+    return base.to(dtype) if dtype != torch.bool else base % 2 == 0
+
+
+def equal(actual, expected, what, **tol):
+    torch.testing.assert_close(actual.cpu(), expected, msg=lambda m: f"{what}: {m}", **tol)
+
+
+REDUCE = {
+    "SUM": lambda xs: xs.sum(0, dtype=xs.dtype),
+    "PRODUCT": lambda xs: xs.prod(0, dtype=xs.dtype),
+    "MIN": lambda xs: xs.amin(0),
+    "MAX": lambda xs: xs.amax(0),
+    "AVG": lambda xs: (xs.sum(0) / xs.shape[0]).to(xs.dtype),
+    "BAND": lambda xs: xs[0] & xs[1],
+    "BOR": lambda xs: xs[0] | xs[1],
+    "BXOR": lambda xs: xs[0] ^ xs[1],
+}
+
+
+def reduce_ops(dtype):
+    if dtype == torch.bool:
+        return ["SUM", "MIN", "MAX", "PRODUCT"]
+    if dtype.is_floating_point:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+    return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def expected_reduction(op, dtype, shape=(3, 4)):
+    stacked = torch.stack([inputs(r, dtype, shape) for r in range(WORLD)])
+    if dtype == torch.bool:  # as bytes: SUM/MAX are OR, MIN/PRODUCT are AND
+        return REDUCE[op](stacked.to(torch.uint8)).bool()
+    return REDUCE[op](stacked)
+
+
+def check_all_reduce():
+    for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool):
+        for op in reduce_ops(dtype):
+            x = inputs(RANK, dtype).to(DEVICE)
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+            equal(x, expected_reduction(op, dtype), f"all_reduce {op} {dtype}")
+    x = inputs(RANK).to(DEVICE)
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5))
+    equal(x, expected_reduction("SUM", torch.float32) * 0.5, "all_reduce PREMUL_SUM")
+    # a strided view is reduced and written back through the view; the rest of its storage is untouched
+    base = torch.zeros(6, 5)
+    base[:, 1::2] = inputs(RANK, shape=(6, 2)).float()
+    on_device = base.to(DEVICE)
+    dist.all_reduce(on_device[:, 1::2])
+    expected = torch.zeros(6, 5)
+    expected[:, 1::2] = expected_reduction("SUM", torch.float32, (6, 2))
+    equal(on_device, expected, "all_reduce of a strided view")
+    transposed = inputs(RANK, shape=(4, 3)).to(DEVICE).t()
+    dist.all_reduce(transposed, op=dist.ReduceOp.MAX)
+    equal(transposed, expected_reduction("MAX", torch.float32, (4, 3)).t(), "all_reduce of a transpose")
+    try:
+        dist.all_reduce(torch.ones(2, device=DEVICE), op=dist.ReduceOp.BAND)
+        raise AssertionError("BAND on floats should raise")
+    except RuntimeError as error:
+        assert "BAND" in str(error), error
+
+
+def check_gathers():
+    source = inputs(RANK).to(DEVICE)
+    outputs = [torch.empty(3, 4, device=DEVICE) for _ in range(WORLD)]
+    dist.all_gather(outputs, source)
+    for r, out in enumerate(outputs):
+        equal(out, inputs(r).float(), f"all_gather from rank {r}")
+    # outputs that are non-contiguous views of one tensor
+    big = torch.zeros(4, 2 * WORLD + 1, device=DEVICE)
+    columns = [big[:, 2 * r : 2 * r + 2] for r in range(WORLD)]
+    dist.all_gather(columns, inputs(RANK, shape=(4, 2)).to(DEVICE))
+    expected = torch.zeros(4, 2 * WORLD + 1)
+    for r in range(WORLD):
+        expected[:, 2 * r : 2 * r + 2] = inputs(r, shape=(4, 2)).float()
+    equal(big, expected, "all_gather into column views")
+    # all_gather_into_tensor into a slice of a larger storage (FSDP2's pattern): aliases see the values
+    storage = torch.full((3 + 12 * WORLD,), -1.0, device=DEVICE)
+    window = storage.narrow(0, 3, 12 * WORLD)
+    alias = storage.view(-1)
+    dist.all_gather_into_tensor(window, source)
+    flat = torch.cat([inputs(r).float().reshape(-1) for r in range(WORLD)])
+    equal(alias, torch.cat([torch.full((3,), -1.0), flat]), "all_gather_into_tensor into a window")
+    try:
+        dist.all_gather_into_tensor(torch.empty(5, device=DEVICE), source)
+        raise AssertionError("a wrongly sized output should raise")
+    except ValueError as error:
+        assert "world_size" in str(error), error
+    if RANK == 0:
+        gathered = [torch.zeros(3, 4, device=DEVICE) for _ in range(WORLD)]
+        dist.gather(source, gathered, dst=0)
+        for r, out in enumerate(gathered):
+            equal(out, inputs(r).float(), f"gather from rank {r}")
+    else:
+        dist.gather(source, dst=0)
+
+
+def check_reduce_scatter_broadcast():
+    chunks = [inputs(RANK, shape=(2, 3)).float() + 10 * r for r in range(WORLD)]
+    out = torch.empty(2, 3, device=DEVICE)
+    dist.reduce_scatter(out, [c.to(DEVICE) for c in chunks], op=dist.ReduceOp.MAX)
+    expected = torch.stack([inputs(r, shape=(2, 3)).float() + 10 * RANK for r in range(WORLD)]).amax(0)
+    equal(out, expected, "reduce_scatter MAX")
+    whole = torch.cat([inputs(RANK, shape=(2, 3)).float() + 10 * r for r in range(WORLD)]).to(DEVICE)
+    out = torch.empty(2, 3, device=DEVICE)
+    dist.reduce_scatter_tensor(out, whole)
+    expected = sum(inputs(r, shape=(2, 3)).float() + 10 * RANK for r in range(WORLD))
+    equal(out, expected, "reduce_scatter_tensor SUM")
+    # broadcast is exact: -0.0, nan and inf survive
+    special = torch.tensor([-0.0, float("nan"), float("inf"), 1.5]) * (1 if RANK == 1 else 0)
+    x = special.to(DEVICE)
+    dist.broadcast(x, src=1)
+    got = x.cpu()
+    assert torch.equal(got.isnan(), torch.tensor([False, True, False, False])), got
+    assert torch.signbit(got[0]) and got[2] == float("inf") and got[3] == 1.5, got
+    x = inputs(RANK, torch.int64).to(DEVICE)
+    dist.reduce(x, dst=1, op=dist.ReduceOp.PRODUCT)
+    equal(x, expected_reduction("PRODUCT", torch.int64) if RANK == 1 else inputs(RANK, torch.int64), "reduce to rank 1")
+    out = torch.zeros(3, device=DEVICE)
+    parts = [torch.full((3,), 7.0 + r, device=DEVICE) for r in range(WORLD)] if RANK == 0 else None
+    dist.scatter(out, parts, src=0)
+    equal(out, torch.full((3,), 7.0 + RANK), "scatter")
+
+
+def check_all_to_all():
+    source = torch.arange(4 * WORLD, dtype=torch.float32).reshape(2 * WORLD, 2) + 100 * RANK
+    out = torch.empty_like(source, device=DEVICE)
+    dist.all_to_all_single(out, source.to(DEVICE))
+    expected = torch.cat([(torch.arange(4 * WORLD, dtype=torch.float32).reshape(2 * WORLD, 2) + 100 * r)[2 * RANK : 2 * RANK + 2] for r in range(WORLD)])
+    equal(out, expected, "all_to_all_single even")
+    # uneven: rank r sends j + r + 1 rows to rank j
+    sends = [j + RANK + 1 for j in range(WORLD)]
+    receives = [RANK + r + 1 for r in range(WORLD)]
+    rows = lambda r: torch.arange(sum(j + r + 1 for j in range(WORLD)) * 3, dtype=torch.float32).reshape(-1, 3) + 1000 * r  # noqa: E731
+    out = torch.empty(sum(receives), 3, device=DEVICE)
+    dist.all_to_all_single(out, rows(RANK).to(DEVICE), receives, sends)
+    pieces = []
+    for r in range(WORLD):
+        start = sum(j + r + 1 for j in range(RANK))
+        pieces.append(rows(r)[start : start + RANK + r + 1])
+    equal(out, torch.cat(pieces), "all_to_all_single uneven")
+    outs = [torch.empty(RANK + r + 1, device=DEVICE, dtype=torch.int64) for r in range(WORLD)]
+    ins = [torch.full((j + RANK + 1,), 10 * RANK + j, device=DEVICE, dtype=torch.int64) for j in range(WORLD)]
+    dist.all_to_all(outs, ins)
+    for r, o in enumerate(outs):
+        equal(o, torch.full((RANK + r + 1,), 10 * r + RANK, dtype=torch.int64), f"all_to_all from {r}")
+
+
+def check_point_to_point():
+    peer = 1 - RANK
+    if RANK == 0:
+        dist.send(torch.arange(5.0, device=DEVICE), 1)
+    else:
+        got = torch.zeros(5, device=DEVICE)
+        dist.recv(got, 0)
+        equal(got, torch.arange(5.0), "send/recv")
+    # both directions at once, each rank posting its send first (a ring exchange)
+    mine = torch.full((4,), float(RANK), device=DEVICE)
+    theirs = torch.zeros(2, 2, device=DEVICE).t()  # a non-contiguous receive buffer
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)])
+    for w in works:
+        w.wait()
+    equal(theirs, torch.full((2, 2), float(peer)), "batch_isend_irecv exchange")
+    send = dist.isend(mine * 3, peer)
+    recv_buffer = torch.zeros(4, device=DEVICE)
+    recv = dist.irecv(recv_buffer, peer)
+    recv.wait()
+    send.wait()
+    equal(recv_buffer, torch.full((4,), 3.0 * peer), "isend/irecv")
+
+
+def check_work_and_overlap():
+    x = torch.ones(1 << 22, device=DEVICE)  # 16 MiB
+    dist.all_reduce(x)
+    torch.neuron.synchronize()
+    start = time.perf_counter()
+    work = dist.all_reduce(x, async_op=True)
+    issued = time.perf_counter() - start
+    future = work.get_future()
+    work.wait()
+    torch.neuron.synchronize()
+    total = time.perf_counter() - start
+    assert work.is_completed()
+    assert issued < total, (issued, total)
+    value = future.wait()
+    assert value[0] is x, value
+    equal(x[:3], torch.full((3,), float(WORLD) ** 2), "async all_reduce")
+    print(f"overlap: issue {issued * 1e3:.2f} ms, complete {total * 1e3:.2f} ms")
+    # coalesced collectives
+    a, b = inputs(RANK).to(DEVICE), inputs(RANK, shape=(5,)).to(DEVICE)
+    dist.all_reduce_coalesced([a, b])
+    equal(a, expected_reduction("SUM", torch.float32), "all_reduce_coalesced a")
+    equal(b, expected_reduction("SUM", torch.float32, (5,)), "all_reduce_coalesced b")
+    outs = [torch.empty(12 * WORLD, device=DEVICE), torch.empty(5 * WORLD, device=DEVICE, dtype=torch.float64)]
+    with dist._coalescing_manager(device=DEVICE, async_ops=True) as manager:
+        dist.all_gather_into_tensor(outs[0], inputs(RANK).to(DEVICE).reshape(-1))
+        dist.all_gather_into_tensor(outs[1], inputs(RANK, torch.float64, (5,)).to(DEVICE))
+    manager.wait()
+    equal(outs[1], torch.cat([inputs(r, torch.float64, (5,)) for r in range(WORLD)]), "coalesced all_gather_into_tensor")
+    dist.barrier()
+
+
+def check_groups_and_objects():
+    everyone = dist.new_group(list(range(WORLD)))
+    x = inputs(RANK).to(DEVICE)
+    dist.all_reduce(x, group=everyone, op=dist.ReduceOp.MIN)
+    equal(x, expected_reduction("MIN", torch.float32), "all_reduce on a new_group")
+    alone = [dist.new_group([r]) for r in range(WORLD)]  # every rank takes part in every new_group
+    x = inputs(RANK).to(DEVICE)
+    dist.all_reduce(x, group=alone[RANK])
+    equal(x, inputs(RANK).float(), "all_reduce on a group of one")
+    objects = [None] * WORLD
+    dist.all_gather_object(objects, {"rank": RANK})
+    assert objects == [{"rank": r} for r in range(WORLD)], objects
+    assert dist.get_backend() == "neuron"
+    # functional collectives (the _c10d_functional ops), by group and by device mesh
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("neuron", (WORLD,))
+    t = inputs(RANK).to(DEVICE)
+    equal(funcol.all_reduce(t, "sum", mesh), expected_reduction("SUM", torch.float32), "funcol.all_reduce")
+    equal(funcol.all_gather_tensor(t, 0, dist.group.WORLD), torch.cat([inputs(r).float() for r in range(WORLD)]), "funcol.all_gather_tensor")
+    scattered = funcol.reduce_scatter_tensor(torch.cat([t] * WORLD), "sum", 0, mesh)
+    equal(scattered, expected_reduction("SUM", torch.float32), "funcol.reduce_scatter_tensor")
+    # in a compiled graph the collective runs between the graph's XLA programs
+    compiled = torch.compile(lambda x: funcol.all_reduce(x * 2, "max", mesh) + 1, backend="neuron")
+    equal(compiled(t), expected_reduction("MAX", torch.float32) * 2 + 1, "funcol.all_reduce under torch.compile")
+
+
+def job_collectives():
+    init()
+    assert torch.neuron.current_device() == DEVICE.index
+    for check in (check_all_reduce, check_gathers, check_reduce_scatter_broadcast, check_all_to_all,
+                  check_point_to_point, check_work_and_overlap, check_groups_and_objects):
+        check()
+        print("passed", check.__name__, flush=True)
+    dist.destroy_process_group()
+    # a second process group in the same process, device-mapped: CPU tensors go to gloo
+    init("cpu:gloo,neuron:neuron")
+    cpu, neuron = inputs(RANK), inputs(RANK).to(DEVICE)
+    dist.all_reduce(cpu)
+    dist.all_reduce(neuron)
+    equal(neuron, expected_reduction("SUM", torch.float32), "all_reduce after re-initialising")
+    equal(cpu.to(DEVICE), expected_reduction("SUM", torch.float32), "gloo all_reduce of CPU tensors")
+    dist.destroy_process_group()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = _model()
+        self.unused = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _train(variant: str, steps: int = 20):
+    """Losses of DDP on this rank's half of each batch (averaged over ranks) and of one process on the
+    full batch; DDP averages gradients, so the two runs are the same run."""
+    torch.manual_seed(1)
+    data = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(steps)]
+    reference = _WithUnused() if variant == "find_unused" else _model()
+    model = copy.deepcopy(reference).to(DEVICE)
+    options = {"bucket_cap_mb": 0.0005}  # several buckets for this small model
+    if variant == "find_unused":
+        options["find_unused_parameters"] = True
+    if variant == "static_graph":
+        options["static_graph"] = True
+    ddp = DDP(model, **options)
+    if variant in ("fp16", "bf16"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        # bf16_compress_hook itself refuses devices other than CUDA and XPU; the hook is its compression
+        dtype = torch.float16 if variant == "fp16" else torch.bfloat16
+
+        def compress(state, bucket):
+            return default_hooks._compress_hook(dtype, state, bucket)
+
+        ddp.register_comm_hook(None, compress)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, reference_losses = [], []
+    for step, (x, y) in enumerate(data):
+        mine = slice(RANK * 8 // WORLD, (RANK + 1) * 8 // WORLD)
+        if variant == "no_sync" and step % 2 == 0:
+            # accumulate two half-batches locally, then synchronise on the second
+            with ddp.no_sync():
+                F.mse_loss(ddp(x[mine][:2].to(DEVICE)), y[mine][:2].to(DEVICE)).backward()
+            loss = F.mse_loss(ddp(x[mine][2:].to(DEVICE)), y[mine][2:].to(DEVICE))
+            loss.backward()
+            for reference_part in (slice(0, 2), slice(2, 4)):
+                parts = torch.cat([x[r * 4 : r * 4 + 4][reference_part] for r in range(WORLD)])
+                targets = torch.cat([y[r * 4 : r * 4 + 4][reference_part] for r in range(WORLD)])
+                F.mse_loss(reference(parts), targets).backward()
+            reference_loss = loss.detach().new_tensor(0.0)  # the compared values are the parameters
+        else:
+            loss = F.mse_loss(ddp(x[mine].to(DEVICE)), y[mine].to(DEVICE))
+            loss.backward()
+            reference_loss = F.mse_loss(reference(x), y)
+            reference_loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss, op=dist.ReduceOp.AVG)
+        if not (variant == "no_sync" and step % 2 == 0):
+            losses.append(global_loss.item())
+            reference_losses.append(reference_loss.item())
+    params = [p.detach().cpu() for p in model.parameters()]
+    return losses, reference_losses, params, list(reference.parameters())
+
+
+def job_ddp(variants: str):
+    init()
+    for variant in variants.split(","):
+        losses, reference_losses, params, reference_params = _train(variant)
+        tolerance = dict(rtol=2e-2, atol=2e-3) if variant in ("fp16", "bf16") else dict(rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses), **tolerance)
+        for p, q in zip(params, reference_params):
+            torch.testing.assert_close(p, q.detach(), **tolerance)
+        print(f"passed ddp {variant}: final loss {losses[-1]:.6f} (single process {reference_losses[-1]:.6f})", flush=True)
+    dist.destroy_process_group()
+
+
+def job_fault(kind: str):
+    init(seconds=10)
+    x = torch.ones(4 + (RANK if kind == "shape" else 0), device=DEVICE)
+    if kind == "raise" and RANK == 1:
+        raise RuntimeError("rank 1 fails before the collective")
+    if kind == "die" and RANK == 1:
+        os._exit(3)
+    start = time.perf_counter()
+    try:
+        dist.all_reduce(x)
+        x.cpu()
+    except Exception as error:
+        print(f"rank {RANK} failed after {time.perf_counter() - start:.1f}s: {type(error).__name__}: {error}", flush=True)
+        raise
+    print(f"rank {RANK} unexpectedly completed: {x.cpu()}", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[f"job_{sys.argv[1]}"](*sys.argv[2:])

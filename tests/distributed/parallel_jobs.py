@@ -1,0 +1,336 @@
+"""What each rank runs for tests/distributed/test_parallel.py: PyTorch's parallelism APIs (FSDP2,
+DTensor and tensor/sequence/loss parallel, pipelining, distributed checkpoints, compile) unchanged on
+`neuron`, each compared with one process computing the same thing on the CPU."""
+import datetime
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+import torchneuron  # noqa: F401
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+DEVICE = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+EXACT = dict(rtol=1e-5, atol=1e-5)
+
+
+def init():
+    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=60))
+    torch.neuron.set_device(DEVICE)
+
+
+def same(actual, expected, what, **tolerance):
+    torch.testing.assert_close(actual.cpu(), expected, msg=lambda m: f"{what}: {m}", **(tolerance or EXACT))
+
+
+class Block(nn.Module):
+    def __init__(self, width=16):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def transformer_like():
+    torch.manual_seed(0)
+    return nn.Sequential(Block(), Block(), nn.Linear(16, 4))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def mine(t):
+    """This rank's part of a global batch."""
+    part = t.shape[0] // WORLD
+    return t[RANK * part : (RANK + 1) * part].to(DEVICE)
+
+
+def fsdp_training(variant, steps=4):
+    """FSDP2 on this rank's half batch has the loss curve of one CPU process on the whole batch."""
+    reference = transformer_like()
+    reference_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    model = transformer_like().to(DEVICE)
+    options = {}
+    if variant == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if variant == "cpu_offload":
+        options["offload_policy"] = CPUOffloadPolicy()
+    reshard = {"no_reshard": False, "reshard_int": WORLD // 2 or True}.get(variant, True)
+    for block in list(model)[:2]:
+        fully_shard(block, reshard_after_forward=reshard, **options)
+    fully_shard(model, **options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    clip = variant == "clip"
+    for step in range(steps):
+        x, y = batch(step)
+        reference_loss = F.mse_loss(reference(x), y)
+        reference_opt.zero_grad()
+        reference_loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        reference_opt.step()
+        opt.zero_grad()
+        if variant == "accumulate":
+            # two micro-batches, gradients reduced only after the second (set_requires_gradient_sync)
+            xs, ys = mine(x), mine(y)
+            half = xs.shape[0] // 2
+            model.set_requires_gradient_sync(False)
+            first = F.mse_loss(model(xs[:half]), ys[:half]) / 2
+            first.backward()
+            model.set_requires_gradient_sync(True)
+            second = F.mse_loss(model(xs[half:]), ys[half:]) / 2
+            second.backward()
+            loss = (first + second).detach()
+        else:
+            loss = F.mse_loss(model(mine(x)), mine(y))
+            loss.backward()
+        if clip:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            assert isinstance(norm, DTensor) or norm.device == DEVICE
+        opt.step()
+        loss = loss.detach().float()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        tolerance = dict(rtol=3e-2, atol=3e-2) if variant == "bf16" else dict(rtol=1e-4, atol=1e-5)
+        same(loss, reference_loss.detach(), f"fsdp2 {variant} loss at step {step}", **tolerance)
+
+
+def fsdp_frees_unsharded_parameters():
+    width = 128
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width)).to(DEVICE)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model, reshard_after_forward=True)
+    layer_bytes = (width * width + width) * 4
+    during = []
+    model[1].register_forward_hook(lambda *_: during.append(torch.neuron.memory_allocated(DEVICE)))
+    x = torch.randn(2, width, device=DEVICE)
+    torch.neuron.synchronize()
+    sharded = torch.neuron.memory_allocated(DEVICE)
+    with torch.no_grad():  # no saved activations: what remains after forward is the output
+        out = model(x)
+    # while the second layer runs, only it is unsharded: the first layer's full parameters were freed
+    assert during[0] < sharded + 2 * layer_bytes, (during, sharded, layer_bytes)
+    assert during[0] >= sharded + layer_bytes, (during, sharded, layer_bytes)
+    assert torch.neuron.memory_allocated(DEVICE) == sharded + out.nbytes
+
+
+def job_fsdp():
+    init()
+    for variant in ("reshard", "no_reshard", "reshard_int", "bf16", "cpu_offload", "clip", "accumulate"):
+        fsdp_training(variant)
+        print(f"passed fsdp2 {variant}", flush=True)
+    fsdp_frees_unsharded_parameters()
+    print("passed fsdp2 memory", flush=True)
+    dist.destroy_process_group()
+
+
+def dtensor_basics(mesh):
+    full = torch.arange(16.0).reshape(4, 4)
+    sharded = distribute_tensor(full.to(DEVICE), mesh, [Shard(0)])
+    assert sharded.to_local().shape == (4 // WORLD, 4) and sharded.to_local().device == DEVICE
+    same(sharded.redistribute(mesh, [Replicate()]).to_local(), full, "Shard(0) -> Replicate")
+    same(sharded.full_tensor(), full, "full_tensor")
+    same(sharded.redistribute(mesh, [Shard(1)]).to_local(), full.chunk(WORLD, 1)[RANK], "Shard(0) -> Shard(1)")
+    partial = DTensor.from_local(torch.ones(4, device=DEVICE) * (RANK + 1), mesh, [Partial()])
+    same(partial.full_tensor(), torch.full((4,), float(sum(range(1, WORLD + 1)))), "Partial -> full")
+    same((sharded @ sharded.T).full_tensor(), full @ full.T, "DTensor matmul")
+
+
+def rng_tracker(mesh):
+    torch.manual_seed(1)
+    sharded = distribute_tensor(torch.empty(8, 4, device=DEVICE), mesh, [Shard(0)])
+    nn.init.uniform_(sharded)
+    pieces = sharded.full_tensor().cpu().chunk(WORLD)
+    assert not torch.equal(pieces[0], pieces[1]), "shards drew the same numbers"
+    replicated = distribute_tensor(torch.empty(8, device=DEVICE), mesh, [Replicate()])
+    nn.init.normal_(replicated)
+    local = replicated.to_local().cpu()
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, local)
+    assert all(torch.equal(g, local) for g in gathered), "replicas drew different numbers"
+
+
+def tensor_parallel(mesh, compiled):
+    reference, model = mlp(), mlp().to(DEVICE)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    run = torch.compile(model, backend="neuron") if compiled else model
+    x = torch.randn(4, 16)
+    same(run(x.to(DEVICE)), reference(x), f"tp forward (compiled={compiled})")
+    run(x.to(DEVICE)).sum().backward()
+    reference(x).sum().backward()
+    same(model[0].weight.grad.full_tensor(), reference[0].weight.grad, "colwise weight grad")
+    same(model[2].weight.grad.full_tensor(), reference[2].weight.grad, "rowwise weight grad")
+
+
+def sequence_parallel(mesh):
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
+    model.load_state_dict(reference.state_dict())
+    parallelize_module(model, mesh, {
+        "0": SequenceParallel(),
+        "1": ColwiseParallel(input_layouts=Shard(1)),
+        "3": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    })
+    x = torch.randn(2, 4, 16)
+    local = x.chunk(WORLD, dim=1)[RANK]  # each rank holds its part of the sequence
+    out = model(local.to(DEVICE))
+    same(out.full_tensor(), reference(x), "sequence parallel forward")
+
+
+def loss_parallel_matches(mesh):
+    logits, target = torch.randn(4, 8), torch.randint(0, 8, (4,))
+    reference = logits.clone().requires_grad_()
+    expected = F.cross_entropy(reference, target)
+    expected.backward()
+    sharded = distribute_tensor(logits.to(DEVICE), mesh, [Shard(1)]).requires_grad_()
+    with loss_parallel():
+        loss = F.cross_entropy(sharded, target.to(DEVICE))
+        loss.backward()
+    same(loss.full_tensor(), expected.detach(), "loss_parallel cross entropy")
+    same(sharded.grad.full_tensor(), reference.grad, "loss_parallel gradient")
+
+
+def two_dimensional_mesh():
+    mesh = init_device_mesh("neuron", (1, WORLD), mesh_dim_names=("dp", "tp"))
+    reference, model = mlp(), mlp().to(DEVICE)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    x = torch.randn(4, 16)
+    same(model(x.to(DEVICE)), reference(x), "FSDP2 + TP on a (dp=1, tp) mesh")
+
+
+def job_tensor_parallel():
+    init()
+    mesh = init_device_mesh("neuron", (WORLD,))
+    for name, check in (("dtensor", dtensor_basics), ("rng tracker", rng_tracker),
+                        ("tensor parallel", lambda m: tensor_parallel(m, False)),
+                        ("compiled tensor parallel", lambda m: tensor_parallel(m, True)),
+                        ("sequence parallel", sequence_parallel), ("loss parallel", loss_parallel_matches)):
+        check(mesh)
+        print(f"passed {name}", flush=True)
+    two_dimensional_mesh()
+    print("passed 2-D mesh", flush=True)
+    dist.destroy_process_group()
+
+
+def pipeline_schedules():
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    def stages():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+
+    reference = stages()
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    expected = reference(x)
+    F.mse_loss(expected, y).backward()
+    for schedule in (ScheduleGPipe, Schedule1F1B):
+        part = nn.Sequential(*list(stages())[2 * RANK : 2 * RANK + 2]).to(DEVICE)
+        stage = PipelineStage(part, RANK, WORLD, DEVICE)
+        # 4 micro-batches; the schedule divides the summed gradients by 4 (scale_grads), as the batch mean does
+        run = schedule(stage, n_microbatches=4, loss_fn=F.mse_loss)
+        if RANK == 0:
+            run.step(x.to(DEVICE))
+        else:
+            same(run.step(target=y.to(DEVICE)), expected.detach(), f"{schedule.__name__} output")
+        same(part[0].weight.grad, list(reference)[2 * RANK].weight.grad, f"{schedule.__name__} gradient",
+             rtol=1e-4, atol=1e-6)
+        print(f"passed pipelining {schedule.__name__}", flush=True)
+
+
+def checkpoint_round_trip(path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def sharded_model(seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(torch.randn(4, 16, device=DEVICE)).sum().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = sharded_model(0)
+    model_state, opt_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": opt_state}, checkpoint_id=path)
+    restored, restored_opt = sharded_model(1)
+    state = dict(zip(("model", "optim"), get_state_dict(restored, restored_opt)))
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(restored, restored_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for a, b in zip(model.parameters(), restored.parameters()):
+        same(b.full_tensor(), a.full_tensor().cpu(), "restored parameter")
+    full = {name: value.full_tensor().cpu() for name, value in model.state_dict().items()}
+    if RANK == 0:  # what job_checkpoint_on_one_rank must load
+        torch.save(full, os.path.join(path, "reference.pt"))
+    x = torch.randn(4, 16, device=DEVICE)
+    for m, o in ((model, opt), (restored, restored_opt)):  # training resumes on the same curve
+        o.zero_grad()
+        m(x).sum().backward()
+        o.step()
+    for a, b in zip(model.parameters(), restored.parameters()):
+        same(b.full_tensor(), a.full_tensor().cpu(), "parameter after a resumed step")
+
+
+def job_checkpoint_on_one_rank(path):
+    """The 2-rank checkpoint of checkpoint_round_trip loads into one unsharded process."""
+    import torch.distributed.checkpoint as dcp
+
+    init()
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])
+    saved = torch.load(os.path.join(path, "reference.pt"))
+    for name, value in model.state_dict().items():
+        same(value, saved[name], f"{name} loaded on one rank")
+    print("passed checkpoint on one rank", flush=True)
+    dist.destroy_process_group()
+
+
+def compiled_fsdp():
+    reference, model = mlp(), mlp().to(DEVICE)
+    fully_shard(model)
+    run = torch.compile(model, backend="neuron")
+    x = torch.randn(4, 16)
+    same(run(x.to(DEVICE)), reference(x), "compiled FSDP2 forward")
+
+
+def job_pipeline_checkpoint_compile(path):
+    init()
+    pipeline_schedules()
+    checkpoint_round_trip(path)
+    print("passed distributed checkpoint", flush=True)
+    compiled_fsdp()
+    print("passed compiled fsdp2", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    globals()[f"job_{sys.argv[1]}"](*sys.argv[2:])
