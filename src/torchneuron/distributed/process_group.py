@@ -445,9 +445,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         self._flush_p2p()
+        self._release()
 
     def abort(self) -> None:
         self._p2p.clear()
+        self._release()
+
+    def _release(self) -> None:
+        # a destroyed group can outlive destroy_process_group (a DeviceMesh held by a compiled graph's
+        # guards): let go of its store, or the next init_process_group may reach this one's TCPStore
+        if self._cpu is not None:
+            self._cpu.shutdown()
+        self._cpu = self._store = None
 
 
 class _Agreement:
