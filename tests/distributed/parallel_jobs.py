@@ -4,7 +4,7 @@ DTensor and tensor/sequence/loss parallel, pipelining, distributed checkpoints, 
 import datetime
 import os
 import sys
-import tempfile
+import threading
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,12 @@ EXACT = dict(rtol=1e-5, atol=1e-5)
 def init():
     dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=60))
     torch.neuron.set_device(DEVICE)
+    # a thread that never chose a device (a data loader's, an optimizer's) works on this rank's own
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.empty(1, device="neuron").device))
+    thread.start()
+    thread.join()
+    assert seen == [DEVICE], (seen, DEVICE)
 
 
 def same(actual, expected, what, **tolerance):

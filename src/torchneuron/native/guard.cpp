@@ -16,7 +16,8 @@ namespace py = pybind11;
 namespace torchneuron {
 namespace {
 
-thread_local c10::DeviceIndex current = 0;
+thread_local c10::DeviceIndex current = -1;  // -1: not set in this thread, the process's default
+std::atomic<c10::DeviceIndex> default_device{0};
 std::atomic<int> cached_count{-1};
 
 py::object call(void* callback, py::args args) {
@@ -135,7 +136,11 @@ c10::DeviceIndex device_count() noexcept {
 }
 
 c10::DeviceIndex current_device() noexcept {
-  return current;
+  return current >= 0 ? current : default_device.load();
+}
+
+void set_default_device(c10::DeviceIndex index) noexcept {
+  default_device.store(index);
 }
 
 void set_current_device(c10::DeviceIndex index) noexcept {

@@ -96,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_count", [] { return device_count(); });
   m.def("current_device", [] { return current_device(); });
   m.def("check_device", &check_device_index);
+  m.def("set_default_device", &set_default_device);
   m.def("set_device", [](c10::DeviceIndex index) {
     check_device_index(index);
     set_current_device(index);

@@ -18,6 +18,8 @@ constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 c10::DeviceIndex device_count() noexcept;
 c10::DeviceIndex current_device() noexcept;
 void set_current_device(c10::DeviceIndex index) noexcept;
+// where threads that never set a device start: 0, or a rank's own device once processes share a node
+void set_default_device(c10::DeviceIndex index) noexcept;
 void check_device_index(c10::DeviceIndex index);
 void synchronize_device(c10::DeviceIndex index);
 bool device_ready(c10::DeviceIndex index);

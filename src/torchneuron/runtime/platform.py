@@ -23,6 +23,8 @@ import socket
 import jax
 from jax._src import xla_bridge
 
+from ..native import _C as native
+
 PLATFORM_ENV = "TORCHNEURON_PLATFORM"
 CPU_DEVICES_ENV = "TORCHNEURON_CPU_DEVICES"
 DEFAULT_CPU_DEVICES = 2
@@ -134,6 +136,8 @@ def devices() -> tuple:
     if joined is None:
         return found
     peers = (None,) * len(found)
+    # threads that never chose a device use this process's own, as a rank's threads use its GPU
+    native.set_default_device(joined.local_rank * len(found))
     return peers * joined.local_rank + found + peers * (joined.local_count - joined.local_rank - 1)
 
 
