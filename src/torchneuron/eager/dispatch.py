@@ -231,7 +231,7 @@ class Executable:
             call_args = fill(targs, values, dynamic_scalars)
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
-                call_kwargs["key"] = rng.key_from(key)
+                call_args = [rng.key_from(key), *call_args]
             with checks.collecting() as conditions:
                 results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
             self.check_errors = [(error, message) for _, error, message in conditions]

@@ -24,7 +24,8 @@ def _overloads(op):
 def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shape: bool = False, meta=None):
     """Register `fn` as the lowering of each op (an overload, or every functional overload of a packet).
 
-    Random lowerings take a `key` keyword: a JAX PRNG key drawn from the device generator.
+    Random lowerings take a JAX PRNG key drawn from the device generator as their first argument,
+    before the op's own: positional, so it cannot collide with an op argument of any name.
     Float arguments arrive as traced scalars (so new values do not recompile) unless
     `static_scalars` asks for Python numbers, for lowerings that shape their output by them.
     `dynamic_shape` lowerings (nonzero, masked_select...) have data-dependent output shapes:
@@ -67,7 +68,7 @@ def meta_like_input(grad, x, *args, **kwargs):
 
 
 def is_random(op) -> bool:
-    """Random ops take a PRNG `key`: PyTorch tags them nondeterministic_seeded."""
+    """Random ops take a PRNG key first: PyTorch tags them nondeterministic_seeded."""
     return op in RANDOM_OPS or torch.Tag.nondeterministic_seeded in op.tags
 
 
