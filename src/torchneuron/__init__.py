@@ -23,8 +23,9 @@ register()
 
 from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
+from . import library  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
 
 _importing = False
 
-__all__ = ["NeuronTensor", "fallback_report", "register"]
+__all__ = ["NeuronTensor", "fallback_report", "library", "register"]

@@ -47,7 +47,14 @@ def _decompose(func, args, kwargs):
     return func.decompose(*args, **kwargs)
 
 
+def forget_choices() -> None:
+    """After the lowering table changed (torchneuron.library)."""
+    _HANDLERS.clear()
+
+
 def _choose_handler(func):
+    if func in registry.CPU_FORCED:
+        return fallback.run_on_cpu
     if func in special.HANDLERS:
         return special.HANDLERS[func]
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
@@ -234,6 +241,7 @@ class Executable:
                 call_args = [rng.key_from(key), *call_args]
             with checks.collecting() as conditions:
                 results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
+            registry.check_outputs(op.target, results[:n_fresh], fresh)
             self.check_errors = [(error, message) for _, error, message in conditions]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
             written = dict(zip(mutated, results[n_fresh:]))
@@ -276,7 +284,8 @@ class Executable:
             results = self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
-            if self.traced:
+            if self.traced or self.op in registry.CHECKED_OUTPUTS:
+                # a library lowering's failure is its author's to see, not a reason to run on the CPU
                 raise
             # the first call traces and compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None

@@ -67,6 +67,7 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
                 args = (jax.random.fold_in(key, index), *args)
             out = fn(*args, **kwargs)
             meta = node.meta.get("val")
+            registry.check_outputs(target, out, meta)
             if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):
                 cast = [_cast_like(o, m) for o, m in zip(out, meta)]
                 out = cast if isinstance(out, list) else tuple(cast)  # return_types become plain tuples
@@ -153,6 +154,12 @@ def decomposed(op):
 
 
 _DECOMPOSED = {}
+
+
+def forget_choices() -> None:
+    """After the lowering table changed: decompositions are used only for ops it lacks."""
+    _DECOMPOSED.clear()
+    _decomposition_table.cache_clear()
 
 
 def lowering_for(op):

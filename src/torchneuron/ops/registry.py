@@ -13,6 +13,10 @@ STATIC_SCALAR_OPS: set = set()
 DYNAMIC_SHAPE_OPS: set = set()
 # output metadata for ops whose PyTorch meta kernel is stricter than its CPU kernel
 META: dict = {}
+# ops with lowerings from torchneuron.library: their outputs are checked against the fake kernel's
+CHECKED_OUTPUTS: set = set()
+# ops torchneuron.library.force_cpu sends to the CPU fallback
+CPU_FORCED: set = set()
 
 
 def _overloads(op):
@@ -50,6 +54,43 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
         return fn
 
     return register
+
+
+class OutputMismatch(RuntimeError):
+    pass
+
+
+def check_outputs(op, values, metas) -> None:
+    """Raise if a library lowering's outputs disagree with the op's fake kernel (shape or dtype), which
+    the runtime would otherwise silently broadcast or cast to."""
+    if op not in CHECKED_OUTPUTS:
+        return
+    import numpy as np
+
+    from ..runtime.dtypes import to_jax
+
+    got = [(tuple(v.shape), np.dtype(v.dtype)) for v in _leaves(values) if v is not None]
+    # symbolic sizes (compiled with dynamic shapes) match any size
+    wanted = [(tuple(d if type(d) is int else None for d in m.shape), np.dtype(to_jax(m.dtype)))
+              for m in _leaves(metas) if isinstance(m, torch.Tensor)]
+    if len(got) != len(wanted) or not all(_agrees(g, w) for g, w in zip(got, wanted)):
+        describe = lambda outs: ", ".join(f"{list(s)} {d}" for s, d in outs)  # noqa: E731
+        raise OutputMismatch(
+            f"the lowering of {op} returned ({describe(got)}) but the op's fake kernel says "
+            f"({describe(wanted)}): fix the lowering or the fake kernel"
+        )
+
+
+def _agrees(got, wanted) -> bool:
+    (shape, dtype), (meta_shape, meta_dtype) = got, wanted
+    return dtype == meta_dtype and len(shape) == len(meta_shape) and all(
+        m is None or s == m for s, m in zip(shape, meta_shape))
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 def checked_meta(check, op):
