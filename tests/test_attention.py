@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchneuron import compile as neuron_compile
-from torchneuron.eager import fallback
+from torchneuron.eager import adaptive, fallback
 
 FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
 
@@ -76,6 +76,20 @@ def test_compiled_attention_is_one_program_and_matches_the_cpu():
         torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
     report = neuron_compile.report()
     assert report["graphs"] == 2 and not report["eager_ops"]
+
+
+def test_adaptive_eager_queues_the_fused_attention():
+    q, k, v, m = _inputs(torch.float32, mask="bool")
+    expected, expected_grads = _attend(F.scaled_dot_product_attention, "cpu", q, k, v, m, dropout_p=0.0)
+    fused_before = adaptive.stats()["ops_fused"]
+    with fallback.as_error(), torch.neuron.adaptive_eager():
+        for _ in range(2):  # the second run is queued: its executables have run once
+            got, grads = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, m, dropout_p=0.0)
+    assert adaptive.stats()["ops_fused"] > fused_before
+    assert type(got.grad_fn).__name__ == FUSED
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
 
 
 def test_sdpa_kernel_selects_the_math_path_or_refuses():

@@ -6,7 +6,7 @@ import torch
 
 import torchneuron
 from torchneuron import compile as neuron_compile
-from torchneuron.eager import fallback
+from torchneuron.eager import adaptive, fallback
 from torchneuron.library import force_cpu, lowering
 
 
@@ -97,10 +97,13 @@ def test_custom_op_lowering_trains_as_on_the_cpu(mode):
     expected_loss, expected_grads = _forward_backward(cpu_model, x)
     run = torch.compile(model, backend="neuron") if mode == "compile" else model
     neuron_compile.reset()
-    before = traced["softclip"]
+    before, fused_before = traced["softclip"], adaptive.stats()["ops_fused"]
     with fallback.as_error(), torch.neuron.adaptive_eager(mode == "adaptive"):
-        loss, grads = _forward_backward(run, x.to("neuron"))
+        for _ in range(2 if mode == "adaptive" else 1):  # queued once its executables have run
+            model.zero_grad()
+            loss, grads = _forward_backward(run, x.to("neuron"))
         torch.testing.assert_close(loss.cpu(), expected_loss)
+    assert (adaptive.stats()["ops_fused"] > fused_before) == (mode == "adaptive")
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got.cpu(), want)
     assert traced["softclip"] > before or mode != "compile"  # eager executables may be cached already

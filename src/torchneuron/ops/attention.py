@@ -20,7 +20,7 @@ from .registry import lower
 aten = torch.ops.aten
 
 # keys per block: the score block (batch x heads x queries x _BLOCK) is the largest temporary
-_BLOCK = 128
+_BLOCK = 64
 
 
 def _compute_dtype(x):
