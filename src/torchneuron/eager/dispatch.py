@@ -163,12 +163,6 @@ def _meta_spec(t: torch.Tensor):
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
-def _flatten(value) -> list:
-    if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in _flatten(v)]
-    return [value]
-
-
 def _check_same_device(tensors):
     devices = {t._spec[4] for t in tensors}
     if len(devices) > 1:
@@ -204,7 +198,7 @@ class Executable:
         mutated = []
         for name in op.mutated_names:
             value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
-            mutated.extend(by_identity[id(m)] for m in _flatten(value) if m is not None)
+            mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
         self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
         _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in self.resized])
         self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
@@ -241,7 +235,8 @@ class Executable:
                 call_args = [rng.key_from(key), *call_args]
             with checks.collecting() as conditions:
                 # Python ints among the results are sizes the meta kernel gives already (fused attention's max_q)
-                results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None and type(r) is not int]
+                results = [r for r in registry.flatten(lowering(*call_args, **call_kwargs))
+                           if r is not None and type(r) is not int]
             registry.check_outputs(op.target, results[:n_fresh], fresh)
             self.check_errors = [(error, message) for _, error, message in conditions]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]

@@ -69,16 +69,19 @@ def check_outputs(op, values, metas) -> None:
 
     from ..runtime.dtypes import to_jax
 
-    got = [(tuple(v.shape), np.dtype(v.dtype)) for v in _leaves(values) if v is not None]
+    got = [(tuple(v.shape), np.dtype(v.dtype)) for v in flatten(values) if hasattr(v, "shape")]
     # symbolic sizes (compiled with dynamic shapes) match any size
     wanted = [(tuple(d if type(d) is int else None for d in m.shape), np.dtype(to_jax(m.dtype)))
-              for m in _leaves(metas) if isinstance(m, torch.Tensor)]
+              for m in flatten(metas) if isinstance(m, torch.Tensor)]
     if len(got) != len(wanted) or not all(_agrees(g, w) for g, w in zip(got, wanted)):
-        describe = lambda outs: ", ".join(f"{list(s)} {d}" for s, d in outs)  # noqa: E731
         raise OutputMismatch(
-            f"the lowering of {op} returned ({describe(got)}) but the op's fake kernel says "
-            f"({describe(wanted)}): fix the lowering or the fake kernel"
+            f"the lowering of {op} returned ({_describe(got)}) but the op's fake kernel says "
+            f"({_describe(wanted)}): fix the lowering or the fake kernel"
         )
+
+
+def _describe(outputs) -> str:
+    return ", ".join(f"{list(shape)} {dtype}" for shape, dtype in outputs)
 
 
 def _agrees(got, wanted) -> bool:
@@ -87,9 +90,10 @@ def _agrees(got, wanted) -> bool:
         m is None or s == m for s, m in zip(shape, meta_shape))
 
 
-def _leaves(value) -> list:
+def flatten(value) -> list:
+    """The leaves of nested tuples and lists (an op's results), in order."""
     if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in _leaves(v)]
+        return [leaf for v in value for leaf in flatten(v)]
     return [value]
 
 
