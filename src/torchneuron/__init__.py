@@ -23,10 +23,11 @@ register()
 
 from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
+from . import library  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
 if torch.distributed.is_available():
     from . import distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 
 _importing = False
 
-__all__ = ["NeuronTensor", "fallback_report", "register"]
+__all__ = ["NeuronTensor", "fallback_report", "library", "register"]

@@ -58,7 +58,7 @@ def supported(target) -> bool:
     """Whether a graph node's op runs inside a compiled program."""
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    if target in registry.DYNAMIC_SHAPE_OPS:
+    if target in registry.DYNAMIC_SHAPE_OPS or target in registry.CPU_FORCED:
         return False
     functional = registry.functional_variant(target) if registry.is_mutating(target) else target
     return functional is not None and lowering_for(functional) is not None

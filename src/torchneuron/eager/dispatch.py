@@ -47,7 +47,14 @@ def _decompose(func, args, kwargs):
     return func.decompose(*args, **kwargs)
 
 
+def forget_choices() -> None:
+    """After the lowering table changed (torchneuron.library)."""
+    _HANDLERS.clear()
+
+
 def _choose_handler(func):
+    if func in registry.CPU_FORCED:
+        return fallback.run_on_cpu
     if func in special.HANDLERS:
         return special.HANDLERS[func]
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
@@ -156,12 +163,6 @@ def _meta_spec(t: torch.Tensor):
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
-def _flatten(value) -> list:
-    if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in _flatten(v)]
-    return [value]
-
-
 def _check_same_device(tensors):
     devices = {t._spec[4] for t in tensors}
     if len(devices) > 1:
@@ -197,7 +198,7 @@ class Executable:
         mutated = []
         for name in op.mutated_names:
             value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
-            mutated.extend(by_identity[id(m)] for m in _flatten(value) if m is not None)
+            mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
         self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
         _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in self.resized])
         self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
@@ -231,9 +232,12 @@ class Executable:
             call_args = fill(targs, values, dynamic_scalars)
             call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
             if key is not None:
-                call_kwargs["key"] = rng.key_from(key)
+                call_args = [rng.key_from(key), *call_args]
             with checks.collecting() as conditions:
-                results = [r for r in _flatten(lowering(*call_args, **call_kwargs)) if r is not None]
+                # Python ints among the results are sizes the meta kernel gives already (fused attention's max_q)
+                results = [r for r in registry.flatten(lowering(*call_args, **call_kwargs))
+                           if r is not None and type(r) is not int]
+            registry.check_outputs(op.target, results[:n_fresh], fresh)
             self.check_errors = [(error, message) for _, error, message in conditions]
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
             written = dict(zip(mutated, results[n_fresh:]))
@@ -276,7 +280,8 @@ class Executable:
             results = self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
-            if self.traced:
+            if self.traced or self.op in registry.CHECKED_OUTPUTS:
+                # a library lowering's failure is its author's to see, not a reason to run on the CPU
                 raise
             # the first call traces and compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None

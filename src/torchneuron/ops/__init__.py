@@ -5,6 +5,7 @@ torch.compile all read the same table through `registry.lowering_for`.
 """
 from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
+    attention,
     elementwise,
     factories,
     fft,

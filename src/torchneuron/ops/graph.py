@@ -64,9 +64,10 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
             if fn is None:
                 raise MissingLowering(target)
             if registry.is_random(target):
-                kwargs = dict(kwargs, key=jax.random.fold_in(key, index))
+                args = (jax.random.fold_in(key, index), *args)
             out = fn(*args, **kwargs)
             meta = node.meta.get("val")
+            registry.check_outputs(target, out, meta)
             if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):
                 cast = [_cast_like(o, m) for o, m in zip(out, meta)]
                 out = cast if isinstance(out, list) else tuple(cast)  # return_types become plain tuples
@@ -117,7 +118,7 @@ def _example(value):
 
 
 def _decomposed(op, decomposition):
-    def lowering(*args, key=None, **kwargs):
+    def run(key, args, kwargs):
         from torch.fx.experimental.proxy_tensor import make_fx
 
         flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
@@ -133,6 +134,13 @@ def _decomposed(op, decomposition):
         gm = make_fx(traced, decomposition_table=_decomposition_table(), tracing_mode="fake")(*examples)
         return run_graph(gm, [v for v, a in zip(flat, is_array) if a], key=key)
 
+    if registry.is_random(op):
+        def lowering(key, *args, **kwargs):
+            return run(key, args, kwargs)
+    else:
+        def lowering(*args, **kwargs):
+            return run(None, args, kwargs)
+
     lowering.decomposed_from = op
     return lowering
 
@@ -146,6 +154,12 @@ def decomposed(op):
 
 
 _DECOMPOSED = {}
+
+
+def forget_choices() -> None:
+    """After the lowering table changed: decompositions are used only for ops it lacks."""
+    _DECOMPOSED.clear()
+    _decomposition_table.cache_clear()
 
 
 def lowering_for(op):

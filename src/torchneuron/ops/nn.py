@@ -384,7 +384,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
 
 
 @lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p
-def native_dropout(x, p, train, *, key):
+def native_dropout(key, x, p, train):
     if not train:
         return x, jnp.ones(x.shape, jnp.bool_)
     # p is a traced scalar: p == 0 keeps everything and p == 1 scales by zero without branching
@@ -656,7 +656,7 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
 
 @lower(aten.rrelu_with_noise_functional, random=True)
-def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+def rrelu_with_noise(key, x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
     if not training:
         return jnp.where(x >= 0, x, x * cast((lower + upper) / 2, x.dtype)), noise
     slopes = jax.random.uniform(key, x.shape, opmath(x).dtype, lower, upper).astype(x.dtype)

@@ -1,4 +1,4 @@
-"""Random ops, each drawing from a key the dispatcher takes from the device generator."""
+"""Random ops, each drawing from a key the dispatcher takes from the device generator (their first argument)."""
 import jax
 import jax.numpy as jnp
 import torch
@@ -31,49 +31,49 @@ META[aten.exponential_.default] = _checked(
 
 
 @lower(aten.uniform, random=True, static_scalars=True)
-def uniform(x, low=0.0, high=1.0, *, generator=None, key):
+def uniform(key, x, low=0.0, high=1.0, *, generator=None):
     sample = jax.random.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
     return (low + sample * (high - low)).astype(x.dtype)
 
 
 @lower(aten.normal_functional, random=True)
-def normal(x, mean=0.0, std=1.0, *, generator=None, key):
+def normal(key, x, mean=0.0, std=1.0, *, generator=None):
     sample = jax.random.normal(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
     return (mean + sample * std).astype(x.dtype)
 
 
 @lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
-def normal_tensors(mean, std=1.0, *, generator=None, key):
+def normal_tensors(key, mean, std=1.0, *, generator=None):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = _float(mean) if hasattr(mean, "dtype") else _float(std)
     return (mean + jax.random.normal(key, shape, dtype) * std).astype(dtype)
 
 
 @lower(aten.bernoulli.p, random=True)
-def bernoulli_p(x, p=0.5, *, generator=None, key):
+def bernoulli_p(key, x, p=0.5, *, generator=None):
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
 @lower(aten.bernoulli.default, aten.bernoulli.Tensor, random=True)
-def bernoulli(x, p=None, *, generator=None, key):
+def bernoulli(key, x, p=None, *, generator=None):
     probability = x if p is None else jnp.broadcast_to(p, x.shape)
     return (jax.random.uniform(key, x.shape, jnp.float32) < probability.astype(jnp.float32)).astype(x.dtype)
 
 
 @lower(getattr(aten.random, "from"), random=True)
-def random_from(x, low, high=None, *, generator=None, key):
+def random_from(key, x, low, high=None, *, generator=None):
     high = _random_high(x) if high is None else high
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64).astype(x.dtype)
 
 
 @lower(aten.random.to, random=True)
-def random_to(x, high, *, generator=None, key):
-    return random_from(x, 0, high, key=key)
+def random_to(key, x, high, *, generator=None):
+    return random_from(key, x, 0, high)
 
 
 @lower(aten.random.default, random=True)
-def random_default(x, *, generator=None, key):
-    return random_from(x, 0, None, key=key)
+def random_default(key, x, *, generator=None):
+    return random_from(key, x, 0, None)
 
 
 def _random_high(x):
@@ -85,27 +85,27 @@ def _random_high(x):
 
 
 @lower(aten.exponential, random=True, static_scalars=True)
-def exponential(x, lambd=1.0, *, generator=None, key):
+def exponential(key, x, lambd=1.0, *, generator=None):
     return (jax.random.exponential(key, x.shape, _float(x)) / lambd).astype(x.dtype)
 
 
 @lower(aten.randperm, random=True, static_scalars=True)
-def randperm(n, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None, key):
+def randperm(key, n, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
     return jax.random.permutation(key, n)
 
 
 @lower(aten.rand_like, random=True)
-def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def rand_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jax.random.uniform(key, x.shape, jnp.float32)
 
 
 @lower(aten.randn_like, random=True)
-def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def randn_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jax.random.normal(key, x.shape, jnp.float32)
 
 
 @lower(aten.multinomial, random=True)
-def multinomial(probabilities, num_samples, replacement=False, *, generator=None, key):
+def multinomial(key, probabilities, num_samples, replacement=False, *, generator=None):
     p = probabilities.astype(jnp.float32)
     checks.require(jnp.isfinite(p) & (p >= 0), RuntimeError,
                    "probability tensor contains either `inf`, `nan` or element < 0")
@@ -120,7 +120,7 @@ def multinomial(probabilities, num_samples, replacement=False, *, generator=None
 
 
 @lower(aten.randint_like, random=True)
-def randint_like(x, *bounds, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-                 memory_format=None, key):
+def randint_like(key, x, *bounds, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                 memory_format=None):
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64)

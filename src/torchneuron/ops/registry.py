@@ -13,6 +13,10 @@ STATIC_SCALAR_OPS: set = set()
 DYNAMIC_SHAPE_OPS: set = set()
 # output metadata for ops whose PyTorch meta kernel is stricter than its CPU kernel
 META: dict = {}
+# ops with lowerings from torchneuron.library: their outputs are checked against the fake kernel's
+CHECKED_OUTPUTS: set = set()
+# ops torchneuron.library.force_cpu sends to the CPU fallback
+CPU_FORCED: set = set()
 
 
 def _overloads(op):
@@ -24,7 +28,8 @@ def _overloads(op):
 def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shape: bool = False, meta=None):
     """Register `fn` as the lowering of each op (an overload, or every functional overload of a packet).
 
-    Random lowerings take a `key` keyword: a JAX PRNG key drawn from the device generator.
+    Random lowerings take a JAX PRNG key drawn from the device generator as their first argument,
+    before the op's own: positional, so it cannot collide with an op argument of any name.
     Float arguments arrive as traced scalars (so new values do not recompile) unless
     `static_scalars` asks for Python numbers, for lowerings that shape their output by them.
     `dynamic_shape` lowerings (nonzero, masked_select...) have data-dependent output shapes:
@@ -51,6 +56,47 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
     return register
 
 
+class OutputMismatch(RuntimeError):
+    pass
+
+
+def check_outputs(op, values, metas) -> None:
+    """Raise if a library lowering's outputs disagree with the op's fake kernel (shape or dtype), which
+    the runtime would otherwise silently broadcast or cast to."""
+    if op not in CHECKED_OUTPUTS:
+        return
+    import numpy as np
+
+    from ..runtime.dtypes import to_jax
+
+    got = [(tuple(v.shape), np.dtype(v.dtype)) for v in flatten(values) if hasattr(v, "shape")]
+    # symbolic sizes (compiled with dynamic shapes) match any size
+    wanted = [(tuple(d if type(d) is int else None for d in m.shape), np.dtype(to_jax(m.dtype)))
+              for m in flatten(metas) if isinstance(m, torch.Tensor)]
+    if len(got) != len(wanted) or not all(_agrees(g, w) for g, w in zip(got, wanted)):
+        raise OutputMismatch(
+            f"the lowering of {op} returned ({_describe(got)}) but the op's fake kernel says "
+            f"({_describe(wanted)}): fix the lowering or the fake kernel"
+        )
+
+
+def _describe(outputs) -> str:
+    return ", ".join(f"{list(shape)} {dtype}" for shape, dtype in outputs)
+
+
+def _agrees(got, wanted) -> bool:
+    (shape, dtype), (meta_shape, meta_dtype) = got, wanted
+    return dtype == meta_dtype and len(shape) == len(meta_shape) and all(
+        m is None or s == m for s, m in zip(shape, meta_shape))
+
+
+def flatten(value) -> list:
+    """The leaves of nested tuples and lists (an op's results), in order."""
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in flatten(v)]
+    return [value]
+
+
 def checked_meta(check, op):
     """A meta function that first raises the error PyTorch's CPU kernel raises and its meta kernel does not."""
 
@@ -67,7 +113,7 @@ def meta_like_input(grad, x, *args, **kwargs):
 
 
 def is_random(op) -> bool:
-    """Random ops take a PRNG `key`: PyTorch tags them nondeterministic_seeded."""
+    """Random ops take a PRNG key first: PyTorch tags them nondeterministic_seeded."""
     return op in RANDOM_OPS or torch.Tag.nondeterministic_seeded in op.tags
 
 

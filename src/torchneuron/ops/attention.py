@@ -1,0 +1,227 @@
+"""Memory-efficient scaled dot product attention: blockwise online softmax, never the full score matrix.
+
+PyTorch picks an SDPA backend per device in C++ (`_fused_sdp_choice_stub`), which a Python backend
+cannot register for PrivateUse1, so neuron's choice is a kernel for `aten::scaled_dot_product_attention`
+at AutogradPrivateUse1 (ahead of its CompositeImplicitAutograd math decomposition): the fused op
+PyTorch keeps for out-of-tree devices (`_scaled_dot_product_fused_attention_overrideable`, whose
+derivative is its `_backward` op) unless `torch.nn.attention.sdpa_kernel` disabled it, else the math
+path, else PyTorch's "No available kernel" error. Both fused lowerings scan over blocks of keys: the
+forward keeps a running max, denominator and output per query (FlashAttention), the backward
+recomputes each block's probabilities from the saved log-sum-exp. Dropout masks are drawn per block
+from the forward's PRNG key, which the philox_seed output carries to the backward.
+"""
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import lower
+
+aten = torch.ops.aten
+
+# keys per block: the score block (batch x heads x queries x _BLOCK) is the largest temporary
+_BLOCK = 64
+
+
+def _compute_dtype(x):
+    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+class _Layout:
+    """Shapes of one attention call, and its tensors rearranged for grouped heads and key blocks.
+
+    Queries are viewed as (batch, kv_heads, group, queries, dim): GQA's query head h reads kv head
+    h // group, as repeat_interleave does in the math path, without copying keys or values.
+    """
+
+    def __init__(self, q, k, attn_bias, is_causal, scale):
+        self.batch, self.heads, self.queries, dim = q.shape
+        self.kv_heads, self.keys = k.shape[1], k.shape[2]
+        self.group = self.heads // self.kv_heads
+        self.dtype = _compute_dtype(q)
+        self.scale = 1 / dim**0.5 if scale is None else scale
+        self.block = min(_BLOCK, self.keys)
+        self.n_blocks = -(-self.keys // self.block)
+        self.is_causal = is_causal
+        self.bias = attn_bias
+
+    def grouped(self, x):
+        return x.reshape(x.shape[0], self.kv_heads, self.group, *x.shape[2:]).astype(self.dtype)
+
+    def ungrouped(self, x):
+        return x.reshape(x.shape[0], self.heads, *x.shape[3:])
+
+    def key_blocks(self, x):
+        """(n_blocks, ..., block, last) from (..., keys, last), padded with zeros."""
+        x = _pad_keys(x.astype(self.dtype), x.ndim - 2, self.n_blocks * self.block)
+        x = x.reshape(*x.shape[:-2], self.n_blocks, self.block, x.shape[-1])
+        return jnp.moveaxis(x, -3, 0)
+
+    def bias_blocks(self):
+        """The mask as (n_blocks, batch, kv_heads | 1, group | 1, queries | 1, block), or None."""
+        if self.bias is None:
+            return None
+        bias = self.bias.reshape((1,) * (4 - self.bias.ndim) + self.bias.shape)
+        b, h, rows, _ = bias.shape
+        bias = bias.reshape(b, self.kv_heads if h > 1 else 1, self.group if h > 1 else 1, rows, bias.shape[-1])
+        bias = jnp.broadcast_to(bias, bias.shape[:-1] + (self.keys,))
+        bias = _pad_keys(bias, bias.ndim - 1, self.n_blocks * self.block)
+        return jnp.moveaxis(bias.reshape(*bias.shape[:-1], self.n_blocks, self.block), -2, 0)
+
+    def scores(self, q, k_block, bias_block, index):
+        """Scaled scores of one key block, -inf where masked, causal-masked or padding."""
+        s = jnp.einsum("bhgle,bhke->bhglk", q, k_block) * self.scale
+        if bias_block is not None:
+            s = jnp.where(bias_block, s, -jnp.inf) if bias_block.dtype == jnp.bool_ else s + bias_block
+        columns = index * self.block + jnp.arange(self.block)
+        valid = columns < self.keys
+        if self.is_causal:
+            valid = valid & (columns <= jnp.arange(self.queries)[:, None])
+        return jnp.where(valid, s, -jnp.inf)
+
+
+def _pad_keys(x, axis, length):
+    pad = length - x.shape[axis]
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def _dropout_scale(seed, index, shape, p, dtype):
+    """The dropout multiplier of one block (0 or 1/(1-p)), the same in forward and backward."""
+    key = jax.random.wrap_key_data(lax.bitcast_convert_type(seed, jnp.uint32), impl="threefry2x32")
+    keep = jax.random.bernoulli(jax.random.fold_in(key, index), 1 - p, shape)
+    return jnp.where(keep, 1 / (1 - p), 0).astype(dtype)
+
+
+def _scan_inputs(layout, k, v):
+    return layout.key_blocks(k), layout.key_blocks(v), layout.bias_blocks(), jnp.arange(layout.n_blocks)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable, random=True, static_scalars=True)
+def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                    scale=None):
+    layout = _Layout(q, k, attn_bias, is_causal, scale)
+    seed = lax.bitcast_convert_type(jax.random.key_data(key), jnp.int64) if dropout_p > 0 else jnp.zeros((), jnp.int64)
+    query = layout.grouped(q)
+    shape = query.shape[:-1]
+
+    def step(carry, block):
+        top, total, acc = carry
+        k_block, v_block, bias_block, index = block
+        s = layout.scores(query, k_block, bias_block, index)
+        new_top = jnp.maximum(top, s.max(-1))
+        finite_top = jnp.where(new_top == -jnp.inf, 0, new_top)  # all masked so far: exp(-inf - 0) = 0
+        p = jnp.exp(s - finite_top[..., None])
+        rescale = jnp.exp(top - finite_top)
+        if dropout_p > 0:
+            p_kept = p * _dropout_scale(seed, index, p.shape, dropout_p, p.dtype)
+        else:
+            p_kept = p
+        acc = acc * rescale[..., None] + jnp.einsum("bhglk,bhkd->bhgld", p_kept, v_block)
+        return (new_top, total * rescale + p.sum(-1), acc), None
+
+    start = (jnp.full(shape, -jnp.inf, layout.dtype), jnp.zeros(shape, layout.dtype),
+             jnp.zeros(shape + (v.shape[-1],), layout.dtype))
+    (top, total, acc), _ = lax.scan(step, start, _scan_inputs(layout, k, v))
+    # rows with every key masked give zeros, as the math path's _safe_softmax does
+    out = jnp.where(total[..., None] > 0, acc / jnp.where(total > 0, total, 1)[..., None], 0)
+    logsumexp = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1)), jnp.inf)
+    return (layout.ungrouped(out).astype(q.dtype), layout.ungrouped(logsumexp), None, None,
+            layout.queries, layout.keys, seed, jnp.zeros((), jnp.int64), None)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward, static_scalars=True)
+def fused_attention_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
+                             max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    layout = _Layout(q, k, attn_bias, is_causal, scale)
+    query, d_out = layout.grouped(q), layout.grouped(grad)
+    lse = layout.grouped(logsumexp)
+    # rowsum(P * dP) of the softmax gradient, which equals rowsum(dO * O), with dropout too
+    delta = jnp.sum(d_out * layout.grouped(out), -1)
+    want_bias = attn_bias is not None and grad_input_mask[3]
+
+    def step(d_query, block):
+        k_block, v_block, bias_block, index = block
+        p = jnp.exp(layout.scores(query, k_block, bias_block, index) - lse[..., None])
+        d_p = jnp.einsum("bhgld,bhkd->bhglk", d_out, v_block)
+        if dropout_p > 0:
+            kept = _dropout_scale(philox_seed, index, p.shape, dropout_p, p.dtype)
+            p_kept, d_p = p * kept, d_p * kept
+        else:
+            p_kept = p
+        d_v = jnp.einsum("bhglk,bhgld->bhkd", p_kept, d_out)
+        d_s = p * (d_p - delta[..., None])
+        d_query = d_query + jnp.einsum("bhglk,bhke->bhgle", d_s, k_block) * layout.scale
+        d_k = jnp.einsum("bhglk,bhgle->bhke", d_s, query) * layout.scale
+        return d_query, (d_k, d_v, d_s if want_bias else None)
+
+    d_query, (d_k, d_v, d_s) = lax.scan(step, jnp.zeros_like(query), _scan_inputs(layout, k, v))
+    if attn_bias is None:
+        d_bias = None
+    elif want_bias:
+        d_bias = _bias_gradient(layout, d_s, attn_bias)
+    else:
+        d_bias = jnp.zeros(attn_bias.shape, attn_bias.dtype)  # PyTorch's meta kernel returns one regardless
+    return (layout.ungrouped(d_query).astype(q.dtype), _from_key_blocks(layout, d_k, k),
+            _from_key_blocks(layout, d_v, v), d_bias)
+
+
+def _from_key_blocks(layout, blocks, like):
+    x = jnp.moveaxis(blocks, 0, -3)
+    return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., : layout.keys, :].astype(like.dtype)
+
+
+def _bias_gradient(layout, d_s, bias):
+    """d_s blocks (n_blocks, batch, kv_heads, group, queries, block) summed to the bias's broadcast shape."""
+    full = jnp.moveaxis(d_s, 0, -2)
+    full = full.reshape(*full.shape[:-2], -1)[..., : layout.keys]
+    full = full.reshape(full.shape[0], layout.heads, layout.queries, layout.keys)
+    padded = (1,) * (4 - bias.ndim) + bias.shape
+    axes = tuple(i for i, n in enumerate(padded) if n == 1 and full.shape[i] != 1)
+    return full.sum(axes, keepdims=True).reshape(bias.shape).astype(bias.dtype)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False):
+    """aten::scaled_dot_product_attention for neuron tensors: the backend choice PyTorch makes in C++."""
+    _check_inputs(query, key, value, attn_mask)
+    if torch._C._get_overrideable_sdp_enabled() and _fused_fits(query, key, value, attn_mask, enable_gqa):
+        return aten._scaled_dot_product_fused_attention_overrideable(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
+    if torch._C._get_math_sdp_enabled():
+        return aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+    raise RuntimeError("No available kernel. Aborting execution.")
+
+
+def _check_inputs(query, key, value, attn_mask):
+    """validate_sdpa_input's checks, which the math kernel's own ops would report differently."""
+    torch._check(
+        query.dtype == key.dtype == value.dtype,
+        lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} "
+        f"key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    torch._check(
+        attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype),
+        lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+        f"{attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
+
+
+def _fused_fits(query, key, value, attn_mask, enable_gqa) -> bool:
+    """Shapes the fused lowering takes; the math path handles (and reports) the rest."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or not query.dtype.is_floating_point:
+        return False
+    if attn_mask is not None and (attn_mask.dim() > 4 or attn_mask.dim() >= 3 and attn_mask.shape[-3] not in (
+            1, query.shape[1])):
+        return False
+    batch, heads = query.shape[0], query.shape[1]
+    kv_heads = key.shape[1]
+    grouped = kv_heads == heads or enable_gqa and kv_heads and heads % kv_heads == 0
+    return (grouped and key.shape[0] == value.shape[0] == batch and value.shape[1] == kv_heads
+            and key.shape[2] == value.shape[2] and key.shape[3] == query.shape[3])
+
+
+_library = torch.library.Library("aten", "IMPL")
+_library.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")

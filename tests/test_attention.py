@@ -1,0 +1,148 @@
+"""F.scaled_dot_product_attention on neuron: the fused, blockwise lowering by default, the math path on request."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from torchneuron import compile as neuron_compile
+from torchneuron.eager import adaptive, fallback
+
+FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
+
+
+def _inputs(dtype, kv_heads=4, keys=150, mask=None, seed=0):
+    """Keys span three blocks, the last one padded; queries fewer than keys."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 37, 16, generator=g).to(dtype)
+    k = torch.randn(2, kv_heads, keys, 16, generator=g).to(dtype)
+    v = torch.randn(2, kv_heads, keys, 8, generator=g).to(dtype)
+    if mask == "bool":
+        m = torch.rand(37, keys, generator=g) > 0.3
+        m[5] = False  # a fully masked row gives zeros, as the math path's _safe_softmax does
+    elif mask == "additive":
+        m = (torch.randn(2, 1, 37, keys, generator=g) * 2).to(dtype).requires_grad_()
+    else:
+        m = None
+    return q, k, v, m
+
+
+def _attend(fn, device, q, k, v, m, **kwargs):
+    leaves = [t.detach().to(device).requires_grad_(t.requires_grad or t.is_floating_point()) for t in (q, k, v)]
+    mask = None if m is None else m.detach().to(device).requires_grad_(m.requires_grad)
+    out = fn(*leaves, attn_mask=mask, **kwargs)
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype).to(device)
+    (out * weights).sum().backward()
+    grads = [t.grad for t in leaves] + ([mask.grad] if mask is not None and mask.requires_grad else [])
+    return out, grads
+
+
+CASES = [
+    dict(dtype=torch.float32),
+    dict(dtype=torch.float32, is_causal=True),
+    dict(dtype=torch.float32, mask="bool"),
+    dict(dtype=torch.float32, mask="additive", scale=0.3),
+    dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, is_causal=True),
+    dict(dtype=torch.bfloat16, is_causal=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_fused_attention_matches_the_cpu_forward_and_backward(case):
+    case = dict(case)
+    dtype, kv_heads, mask = case.pop("dtype"), case.pop("kv_heads", 4), case.pop("mask", None)
+    q, k, v, m = _inputs(dtype, kv_heads, mask=mask)
+    expected, expected_grads = _attend(F.scaled_dot_product_attention, "cpu", q, k, v, m, **case)
+    with fallback.as_error():
+        got, grads = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, m, **case)
+    assert type(got.grad_fn).__name__ == FUSED
+    tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got.cpu(), expected, **tolerance)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), e, **tolerance)
+
+
+def test_compiled_attention_is_one_program_and_matches_the_cpu():
+    q, k, v, m = _inputs(torch.float32, kv_heads=2, mask="additive")
+
+    def attend(q, k, v, attn_mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True).relu()
+
+    expected, expected_grads = _attend(attend, "cpu", q, k, v, m)
+    neuron_compile.reset()
+    with fallback.as_error():
+        got, grads = _attend(torch.compile(attend, backend="neuron"), "neuron", q, k, v, m)
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
+    report = neuron_compile.report()
+    assert report["graphs"] == 2 and not report["eager_ops"]
+
+
+def test_adaptive_eager_queues_the_fused_attention():
+    q, k, v, m = _inputs(torch.float32, mask="bool")
+    expected, expected_grads = _attend(F.scaled_dot_product_attention, "cpu", q, k, v, m, dropout_p=0.0)
+    fused_before = adaptive.stats()["ops_fused"]
+    with fallback.as_error(), torch.neuron.adaptive_eager():
+        for _ in range(2):  # the second run is queued: its executables have run once
+            got, grads = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, m, dropout_p=0.0)
+    assert adaptive.stats()["ops_fused"] > fused_before
+    assert type(got.grad_fn).__name__ == FUSED
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
+
+
+def test_sdpa_kernel_selects_the_math_path_or_refuses():
+    q, k, v, _ = _inputs(torch.float32)
+    with sdpa_kernel(SDPBackend.MATH):
+        out, _ = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, None, is_causal=True)
+    assert type(out.grad_fn).__name__ != FUSED
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
+        F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"))
+
+
+def test_dropout_is_seeded_and_its_backward_uses_the_forward_mask():
+    q, k, v = (t.double().to("neuron") for t in _inputs(torch.float32)[:3])
+
+    def attend(query):
+        torch.manual_seed(7)
+        return F.scaled_dot_product_attention(query, k, v, dropout_p=0.4)
+
+    plain = F.scaled_dot_product_attention(q, k, v)
+    first, again = attend(q), attend(q)
+    torch.testing.assert_close(first.cpu(), again.cpu())
+    assert not torch.allclose(first.cpu(), plain.cpu())
+    # the backward recomputes the forward's dropout mask: its gradient is the finite difference
+    direction, weights = torch.randn_like(q), torch.randn_like(first)
+    leaf = q.detach().requires_grad_()
+    (attend(leaf) * weights).sum().backward()
+    step = 1e-6
+    numeric = ((attend(q + step * direction) - attend(q - step * direction)) * weights).sum() / (2 * step)
+    torch.testing.assert_close((leaf.grad * direction).sum().cpu(), numeric.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_inputs_are_checked_as_on_the_cpu():
+    q, k, v, _ = _inputs(torch.float32, kv_heads=2)
+    for args, kwargs in (((q, k.double(), v.double()), {}), ((q, k, v), {})):
+        with pytest.raises(RuntimeError) as cpu:
+            F.scaled_dot_product_attention(*args, **kwargs)
+        with pytest.raises(type(cpu.value), match="dtype" if args[1].dtype != q.dtype else None):
+            F.scaled_dot_product_attention(*(t.to("neuron") for t in args), **kwargs)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_attention_memory_stays_far_below_the_score_matrix(compiled):
+    """B1 H8 S2048 D64 float32: the causal score matrix alone is 128 MiB; inputs, output and gradients 32 MiB."""
+    q, k, v = (torch.randn(1, 8, 2048, 64, device="neuron", requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, 8, 2048, 64, device="neuron")
+
+    def step(q, k, v, grad):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    run = torch.compile(step, backend="neuron") if compiled else step
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    run(q, k, v, grad)
+    torch.neuron.synchronize()
+    assert torch.neuron.max_memory_allocated() <= 40 * 2**20
