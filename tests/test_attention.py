@@ -124,11 +124,13 @@ def test_dropout_is_seeded_and_its_backward_uses_the_forward_mask():
 
 def test_attention_inputs_are_checked_as_on_the_cpu():
     q, k, v, _ = _inputs(torch.float32, kv_heads=2)
-    for args, kwargs in (((q, k.double(), v.double()), {}), ((q, k, v), {})):
+    bad_mask = torch.ones(3, 37, 150, dtype=torch.bool)
+    for args, kwargs in (((q, k.double(), v.double()), {}), ((q, k, v), {}), ((q, q, q), {"attn_mask": bad_mask})):
         with pytest.raises(RuntimeError) as cpu:
             F.scaled_dot_product_attention(*args, **kwargs)
         with pytest.raises(type(cpu.value), match="dtype" if args[1].dtype != q.dtype else None):
-            F.scaled_dot_product_attention(*(t.to("neuron") for t in args), **kwargs)
+            F.scaled_dot_product_attention(*(t.to("neuron") for t in args),
+                                           **{name: m.to("neuron") for name, m in kwargs.items()})
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

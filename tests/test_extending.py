@@ -151,15 +151,20 @@ def test_force_cpu_runs_the_cpu_kernel_and_can_be_undone():
     op = torch.ops.torchneuron_ext.softclip.default
     x, key = torch.randn(5), torch.randn(5)
     fallback.reset()
+    neuron_compile.reset()
     force_cpu(op)
     try:
         assert torchneuron.library.cpu_forced() == [op]
         with pytest.warns(UserWarning, match="softclip"):
             got = softclip(x.to("neuron"), key.to("neuron"), 1.5)
-        assert fallback.counts[str(op)] == 1
+            compiled = torch.compile(lambda x, key: softclip(x, key, 1.5) + 1, backend="neuron")(
+                x.to("neuron"), key.to("neuron"))
+        assert fallback.counts[str(op)] == 2
+        assert neuron_compile.report()["eager_ops"] == {str(op): 1}
     finally:
         force_cpu(op, False)
     torch.testing.assert_close(got.cpu(), softclip(x, key, 1.5))
+    torch.testing.assert_close(compiled.cpu(), softclip(x, key, 1.5) + 1)
     with fallback.as_error():
         torch.testing.assert_close(softclip(x.to("neuron"), key.to("neuron"), 1.5).cpu(), softclip(x, key, 1.5))
 

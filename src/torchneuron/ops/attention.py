@@ -213,11 +213,12 @@ def _fused_fits(query, key, value, attn_mask, enable_gqa) -> bool:
     """Shapes the fused lowering takes; the math path handles (and reports) the rest."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or not query.dtype.is_floating_point:
         return False
-    if attn_mask is not None and (attn_mask.dim() > 4 or attn_mask.dim() >= 3 and attn_mask.shape[-3] not in (
-            1, query.shape[1])):
-        return False
     batch, heads = query.shape[0], query.shape[1]
     kv_heads = key.shape[1]
+    if attn_mask is not None:
+        scores = (batch, heads, query.shape[2], key.shape[2])
+        if attn_mask.dim() > 4 or any(n not in (1, m) for n, m in zip(reversed(attn_mask.shape), reversed(scores))):
+            return False
     grouped = kv_heads == heads or enable_gqa and kv_heads and heads % kv_heads == 0
     return (grouped and key.shape[0] == value.shape[0] == batch and value.shape[1] == kv_heads
             and key.shape[2] == value.shape[2] and key.shape[3] == query.shape[3])
