@@ -72,7 +72,7 @@ def rank_main(sizes, iters: int) -> None:
             busbw = {k: numel * 4 * _bus_factor(op, world) / t / 1e9 for k, t in result.items()}
             rows.append((op, nbytes, result, busbw))
     if rank == 0:
-        print(f"| op | size | neuron ms | gloo ms | neuron busbw GB/s | gloo busbw GB/s | neuron / gloo |")
+        print("| op | size | neuron ms | gloo ms | neuron busbw GB/s | gloo busbw GB/s | neuron / gloo |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for op, nbytes, t, bw in rows:
             size = f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
