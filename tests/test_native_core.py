@@ -249,6 +249,11 @@ def test_tensor_resize_and_set_to_a_storage():
     assert_same(z, torch.tensor([[13.0, 15.0], [14.0, 16.0]]))
     w = torch.empty(0, device="neuron").set_(y.untyped_storage())
     assert w.shape == (6,)
+    # an explicit empty stride means contiguous, for a storage and for a tensor source alike
+    for source in (y.untyped_storage(), y):
+        v = torch.empty(0, device="neuron").set_(source, 1, (2, 2), [])
+        assert v.stride() == (2, 1)
+        assert_same(v, torch.tensor([[12.0, 13.0], [14.0, 15.0]]))
 
 
 def test_streams_and_events():

@@ -199,7 +199,7 @@ class _DefaultGenerators(tuple):
     """torch.neuron.default_generators: one torch.Generator per device, as torch.cuda's."""
 
     def __new__(cls):
-        return super().__new__(cls, (native.default_generator(i) for i in range(device_count())))
+        return super().__new__(cls, (_rng().generator(i) for i in range(device_count())))
 
 
 def __getattr__(name):

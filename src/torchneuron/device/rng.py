@@ -19,21 +19,12 @@ def generator(index: int) -> torch.Generator:
     return native.default_generator(index)
 
 
-def _raw(seed: int, offset: int) -> np.ndarray:
+def next_key(index: int, source: torch.Generator = None) -> np.ndarray:
+    """The raw material of one op's key, from `source` (a user's generator; the native layer refuses
+    one of another device with the CPU's error) or else device `index`'s default generator:
+    (seed low, seed high, offset low, offset high) as uint32."""
+    seed, offset = native.next_seed_offset(generator(index) if source is None else source)
     return np.array([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
-
-
-def next_key(index: int) -> np.ndarray:
-    """The raw material of one op's key from device `index`'s default generator: (seed low, seed high,
-    offset low, offset high) as uint32."""
-    return _raw(*native.next_seed_offset(generator(index)))
-
-
-def next_key_from(source: torch.Generator) -> np.ndarray:
-    """`next_key` from a user's generator, which must be a neuron one (the CPU's error otherwise)."""
-    if source.device.type != "neuron":
-        raise RuntimeError(f"Expected a 'neuron' device type for generator but found '{source.device.type}'")
-    return _raw(*native.next_seed_offset(source))
 
 
 def key_from(raw) -> jax.Array:

@@ -275,7 +275,7 @@ class Executable:
         if scalars:
             flat += _device_scalars(scalars, self.device_index)
         if self.random:
-            flat.append(self._key(generator))
+            flat.append(rng.next_key(self.device_index, generator))
         try:
             results = self.compiled(*flat)
         except Exception as exc:
@@ -293,16 +293,11 @@ class Executable:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
 
-    def _key(self, generator):
-        if generator is None:
-            return rng.next_key(self.device_index)
-        return rng.next_key_from(generator)
-
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
         extras = _device_scalars(scalars, self.device_index) if scalars else []
         if self.random:
-            extras.append(self._key(generator))
+            extras.append(rng.next_key(self.device_index, generator))
         return self._outputs(queue.record(self, storages, extras), tensors, storages)
 
     def _outputs(self, results, tensors, storages):

@@ -161,13 +161,19 @@ def set_tensor(func, args, kwargs):
     return tensor
 
 
+def _requested_view(tensor, args, kwargs):
+    """The view `set_(source, storage_offset, size, stride=[])` asks for; an empty stride is contiguous."""
+    offset, size = args[2], tuple(args[3])
+    stride = args[4] if len(args) > 4 else kwargs.get("stride")
+    return size, tuple(stride) if stride else contiguous_strides(size), offset, tensor.dtype
+
+
 @handles(aten.set_.source_Tensor_storage_offset)
 def set_tensor_view(func, args, kwargs):
     from .views import reset_view
 
-    tensor, source, offset, size = args[:4]
-    stride = args[4] if len(args) > 4 else kwargs.get("stride") or contiguous_strides(size)
-    reset_view(tensor, source._storage, (tuple(size), tuple(stride), offset, tensor.dtype))
+    tensor, source = args[:2]
+    reset_view(tensor, source._storage, _requested_view(tensor, args, kwargs))
     return tensor
 
 
@@ -180,11 +186,10 @@ def set_storage(func, args, kwargs):
         raise RuntimeError(f"Expected a storage on device neuron, but got one on {untyped.device}")
     target = storage.of_native(untyped._cdata)
     if func is aten.set_.source_Storage:
-        size, stride, offset = (untyped.nbytes() // tensor.dtype.itemsize,), (1,), 0
+        view = ((untyped.nbytes() // tensor.dtype.itemsize,), (1,), 0, tensor.dtype)
     else:
-        offset, size = args[2], tuple(args[3])
-        stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
-    reset_view(tensor, target, (tuple(size), stride, offset, tensor.dtype))
+        view = _requested_view(tensor, args, kwargs)
+    reset_view(tensor, target, view)
     return tensor
 
 
