@@ -109,7 +109,7 @@ def accelerator_api_routes_to_torch_neuron():
     torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
     accelerator = torch.accelerator
 
-    def route(name, neuron_name=None):
+    def route(name):
         original = getattr(accelerator, name, None)
         if original is None:
             return
@@ -117,7 +117,7 @@ def accelerator_api_routes_to_torch_neuron():
         @functools.wraps(original)
         def routed(*args, **kwargs):
             if accelerator.current_accelerator().type == "neuron":
-                return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
+                return getattr(torch.neuron, name)(*args, **kwargs)
             return original(*args, **kwargs)
 
         setattr(accelerator, name, routed)
