@@ -265,7 +265,9 @@ def job_collectives():
         check()
         print("passed", check.__name__, flush=True)
     dist.destroy_process_group()
-    # a second process group in the same process, device-mapped: CPU tensors go to gloo
+    # a second process group in the same process, device-mapped: CPU tensors go to gloo. Its store gets
+    # a port of its own: on the first one, a fast rank could reach the store rank 0 is still shutting down
+    os.environ["MASTER_PORT"] = os.environ["REINIT_PORT"]
     init("cpu:gloo,neuron:neuron")
     cpu, neuron = inputs(RANK), inputs(RANK).to(DEVICE)
     dist.all_reduce(cpu)

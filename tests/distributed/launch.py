@@ -24,14 +24,15 @@ def free_port() -> int:
 
 def run(job: str, *args: str, world: int = 2, nodes: int = 1, timeout: float = 120, env=None, jobs: Path = JOBS):
     """Start `world` ranks of `job` (`nodes` nodes of world/nodes ranks each); returns [(returncode, output)]."""
-    port = free_port()
+    port, reinit_port = free_port(), free_port()
     per_node = world // nodes
     cache = tempfile.mkdtemp(prefix="torchneuron-dist-cache-")  # compiled graphs: this job's own
     procs = []
     for rank in range(world):
         rank_env = dict(
             os.environ,
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), REINIT_PORT=str(reinit_port), RANK=str(rank),
+            WORLD_SIZE=str(world),
             LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
             PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
             PYTHONUNBUFFERED="1", TORCHNEURON_FALLBACK="error", TORCHNEURON_CACHE_DIR=cache,
