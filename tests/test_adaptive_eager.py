@@ -106,9 +106,10 @@ def test_the_cpu_fallback_reads_queued_values(queued, monkeypatch):
 
     monkeypatch.delitem(registry.LOWERINGS, torch.ops.aten.hardtanh.default)
     from torchneuron.eager import dispatch
-    from torchneuron.ops import graph
+    from torchneuron.ops import rules
 
-    monkeypatch.setattr(graph, "_DECOMPOSED", {torch.ops.aten.hardtanh.default: None})
+    monkeypatch.setattr(rules, "_DECOMPOSED", {torch.ops.aten.hardtanh.default: None})
+    monkeypatch.setattr(rules, "_RULES", {})
     monkeypatch.setattr(dispatch, "_HANDLERS", {})
     with pytest.warns(UserWarning):
         out = torch.ops.aten.hardtanh.default(y, -0.5, 0.5)

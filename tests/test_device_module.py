@@ -144,7 +144,18 @@ def test_memory_accounting():
     assert torch.neuron.max_memory_allocated() >= base + 4 * 1024 * 1024
     stats = torch.neuron.memory_stats()
     assert stats["allocated_bytes.all.current"] == base
-    torch.neuron.empty_cache()
+
+
+def test_empty_cache_keeps_executables_and_clear_executable_cache_drops_them():
+    x = torch.ones(3, device="neuron")
+    x + 1
+    entries = torch.neuron.cache_stats()["entries"]
+    assert entries > 0
+    torch.neuron.empty_cache()  # no caching allocator: nothing to release, nothing recompiles
+    assert torch.neuron.cache_stats()["entries"] == entries
+    torch.neuron.clear_executable_cache()
+    assert torch.neuron.cache_stats()["entries"] == 0
+    assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]
 
 
 def test_deepcopy_is_a_counted_allocation_with_its_own_buffer():

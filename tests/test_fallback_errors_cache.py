@@ -8,7 +8,7 @@ import torch
 
 import torchneuron
 from torchneuron.eager import fallback
-from torchneuron.ops import graph, registry
+from torchneuron.ops import registry, rules
 
 aten = torch.ops.aten
 
@@ -18,7 +18,8 @@ def unlowered_op(monkeypatch):
     """hardtanh with its lowering (and decomposition) hidden, as if no one had written it yet."""
     op = aten.hardtanh.default
     monkeypatch.delitem(registry.LOWERINGS, op)
-    monkeypatch.setattr(graph, "_DECOMPOSED", {op: None})
+    monkeypatch.setattr(rules, "_DECOMPOSED", {op: None})
+    monkeypatch.setattr(rules, "_RULES", {})
     from torchneuron.eager import dispatch
 
     monkeypatch.setattr(dispatch, "_HANDLERS", {})

@@ -23,6 +23,7 @@ register()
 
 from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
+from .eager import dispatch as _dispatch  # noqa: E402,F401  (ops on neuron tensors go to eager dispatch)
 from . import library  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
 if torch.distributed.is_available():

@@ -82,10 +82,10 @@ def _forget_choices() -> None:
     """Handlers, decompositions and executables chosen before the table changed (changes are rare)."""
     from .compile import backend
     from .eager import dispatch
-    from .ops import graph
+    from .ops import rules
     from .runtime.cache import eager_cache
 
     dispatch.forget_choices()
-    graph.forget_choices()
+    rules.forget()
     backend.decompositions.cache_clear()
     eager_cache.clear()

@@ -22,8 +22,7 @@ from torch._functorch.partitioners import default_partition
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..ops import registry
-from ..ops.graph import lowering_for
+from ..ops import registry, rules
 from .executable import CompiledGraph
 from .stats import counters, eager_ops
 
@@ -58,10 +57,7 @@ def supported(target) -> bool:
     """Whether a graph node's op runs inside a compiled program."""
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    if target in registry.DYNAMIC_SHAPE_OPS or target in registry.CPU_FORCED:
-        return False
-    functional = registry.functional_variant(target) if registry.is_mutating(target) else target
-    return functional is not None and lowering_for(functional) is not None
+    return rules.rule(target).compiles
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs):

@@ -1,7 +1,7 @@
 """An ATen FX graph run on neuron tensors as one XLA executable per input signature.
 
 The program reads every input straight from its storage through the tensor's
-view, interprets the graph with the lowering table (ops.graph), writes the
+view, interprets the graph with the lowering table (ops.rules), writes the
 new values of inputs the graph mutates back into their storages (donating
 the old buffers), and returns fresh flat buffers for the outputs. Shapes are
 specialised: a new signature (tensor views, or the values of symbolic-size
@@ -12,11 +12,12 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ..device import rng
-from ..eager import adaptive, special
-from ..ops import registry
-from ..ops.graph import run_graph_with_inputs
-from ..runtime import layout, sync
+from ..runtime import rng
+from ..eager import adaptive, transfers
+from ..ops import rules
+from ..ops.rules import run_graph_with_inputs
+from ..runtime import sync
+from ..runtime.program import StorageProgram
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import disk_cache
 from .stats import counters
@@ -35,7 +36,7 @@ class CompiledGraph:
         self.gm = gm
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated = _mutated_inputs(gm, placeholders)
-        self.random = any(_is_op(n) and registry.is_random(n.target) for n in gm.graph.nodes)
+        self.random = any(_is_op(n) and rules.rule(n.target).random for n in gm.graph.nodes)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         leaves, self.out_spec = pytree.tree_flatten(output.args[0])
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
@@ -48,7 +49,7 @@ class CompiledGraph:
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensors = [args[i] for i in positions]
         if any(type(t) is not NeuronTensor for t in tensors):
-            special.bring_to_device(tensors)
+            transfers.bring_to_device(tensors)
             for i, t in zip(positions, tensors):
                 args[i] = t
         storages, pattern = _distinct_storages(tensors)
@@ -75,10 +76,10 @@ def _mutated_inputs(gm, placeholders) -> set:
     """Indices of inputs the graph writes (AOTAutograd keeps such writes as copy_ onto the input)."""
     mutated = set()
     for node in gm.graph.nodes:
-        if not (_is_op(node) and registry.is_mutating(node.target)):
+        if not (_is_op(node) and rules.rule(node.target).mutated):
             continue
         schema_names = [a.name for a in node.target._schema.arguments]
-        for name in registry.mutated_arguments(node.target):
+        for name in rules.rule(node.target).mutated:
             position = schema_names.index(name)
             target = node.kwargs.get(name, node.args[position] if position < len(node.args) else None)
             if target in placeholders:
@@ -108,7 +109,7 @@ def _distinct_storages(tensors):
 
 
 class _Program:
-    """The executable for one input signature, and how to turn its results into tensors."""
+    """The storage program for one input signature, and how to turn its results into tensors."""
 
     def __init__(self, graph: CompiledGraph, args, positions, storages, pattern):
         specs = [args[i]._spec for i in positions]
@@ -117,29 +118,19 @@ class _Program:
             raise RuntimeError(f"torchneuron: a compiled graph got tensors on several devices: {sorted(devices)}")
         self.device_index = devices.pop() if devices else graph.default_device
         self.random = graph.random
-        self.mutated_storages = sorted({pattern[k] for k, i in enumerate(positions) if i in graph.mutated})
-        self.read_storages = [p for p in range(len(storages)) if p not in self.mutated_storages]
         self.sources = graph.out_sources
-        self.array_outputs = []
-        statics = list(args)
-        storage_dtypes = [s.dtype for s in storages]
-        mutated_storages, read_storages = self.mutated_storages, self.read_storages
-        gm, mutated, sources, array_outputs = graph.gm, graph.mutated, graph.out_sources, self.array_outputs
-        self.constants = {}
-        constants = self.constants
+        # found when the program is traced, below: outputs that are arrays (with their shapes), and the
+        # rest, fixed for this signature (symbolic sizes saved for the backward, None gradients)
+        self.array_outputs = array_outputs = []
+        self.constants = constants = {}
+        statics, gm, sources = list(args), graph.gm, graph.out_sources
+        mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
-        def program(mutable_buffers, read_buffers, raw_key):
-            buffers = dict(zip(mutated_storages, mutable_buffers))
-            buffers.update(zip(read_storages, read_buffers))
+        def compute(values, extras):
             inputs = list(statics)
             for k, i in enumerate(positions):
-                inputs[i] = layout.read_view(buffers[pattern[k]], specs[k])
-            key = rng.key_from(raw_key) if raw_key is not None else None
-            outputs, finals = run_graph_with_inputs(gm, inputs, key)
-            for k, i in enumerate(positions):
-                if i in mutated:
-                    p = pattern[k]
-                    buffers[p] = layout.write_view(buffers[p], finals[i], specs[k], storage_dtypes[p])
+                inputs[i] = values[k]
+            outputs, finals = run_graph_with_inputs(gm, inputs, rng.key_from(extras[0]) if extras else None)
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs), sources)):
                 if source is not None:
@@ -148,29 +139,29 @@ class _Program:
                     array_outputs.append((j, value.shape))
                     arrays.append(value.reshape(-1))
                 else:
-                    # symbolic sizes saved for the backward, None gradients: fixed for this signature
                     constants[j] = value
-            return [buffers[p] for p in mutated_storages], arrays
+            return arrays, {k: finals[positions[k]] for k in mutated_inputs}
 
-        mutable = [storages[p].buffer for p in mutated_storages]
-        readonly = [storages[p].buffer for p in read_storages]
+        self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute)
         # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
-        key = np.zeros(4, np.uint32) if self.random else None
-        lowered = jax.jit(program, donate_argnums=(0,)).lower(mutable, readonly, key)
+        extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
+        lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
         self.compiled = disk_cache.compile_lowered(lowered, self.device_index)
 
     def run(self, args, storages):
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
-        mutable = [storages[p].buffer for p in self.mutated_storages]
-        readonly = [storages[p].buffer for p in self.read_storages]
-        new_buffers, arrays = self.compiled(mutable, readonly, rng.next_key(self.device_index) if self.random else None)
-        for launched in (arrays or new_buffers)[-1:]:
-            sync.launched(self.device_index, launched)
-        for p, buffer in zip(self.mutated_storages, new_buffers):
+        flat = self.program.buffers_of(storages)
+        if self.random:
+            flat.append(rng.next_key(self.device_index))
+        results = self.compiled(*flat)
+        if results:
+            sync.launched(self.device_index, results[-1])
+        n_written = len(self.program.written_storages)
+        for p, buffer in zip(self.program.written_storages, results):
             storages[p].buffer = buffer
         outputs = [None if source is None else args[source] for source in self.sources]
         for j, value in self.constants.items():
             outputs[j] = value
-        for (j, shape), array in zip(self.array_outputs, arrays):
+        for (j, shape), array in zip(self.array_outputs, results[n_written:]):
             outputs[j] = wrap_buffer(array, shape, self.device_index)
         return outputs

@@ -3,17 +3,16 @@ import functools
 
 import torch
 
-from ..native import _C as native
+from .guard import (  # noqa: F401  (torch.neuron's API)
+    _adaptive, _all_ready, _index, _jax_device, _runtime, current_device, device, device_count, device_of,
+    set_device, synchronize,
+)
+from .streams import (  # noqa: F401
+    Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream,
+)
 
-_current_streams = {}
 # as torch.cuda.OutOfMemoryError: what the allocator raises when the device cannot hold a request
 OutOfMemoryError = torch.OutOfMemoryError
-
-
-def _runtime():
-    from ..runtime import platform
-
-    return platform
 
 
 def is_available() -> bool:
@@ -30,57 +29,6 @@ def _lazy_init() -> None:
 
 def _is_in_bad_fork() -> bool:
     return False
-
-
-def device_count() -> int:
-    return _runtime().device_count()
-
-
-def current_device() -> int:
-    """This thread's current neuron device (per thread, as CUDA's; the autograd engine's device
-    threads each set their own)."""
-    return native.current_device()
-
-
-def _index(device=None) -> int:
-    if device is None:
-        return native.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "neuron":
-        raise ValueError(f"Expected a neuron device, but got: {device}")
-    return device.index if device.index is not None else native.current_device()
-
-
-def set_device(device) -> None:
-    index = _index(device)
-    if index >= 0:
-        native.set_device(index)
-
-
-class device:
-    """Context manager that changes the current neuron device."""
-
-    def __init__(self, device):
-        self.index = _index(device) if device is not None else -1
-        self.previous = -1
-
-    def __enter__(self):
-        self.previous = native.exchange_device(self.index)
-
-    def __exit__(self, *exc):
-        if self.index >= 0:
-            native.set_device(self.previous)
-        return False
-
-
-def device_of(tensor):
-    return device(tensor.device.index if tensor.device.type == "neuron" else -1)
-
-
-def _jax_device(index: int):
-    return _runtime().jax_device(index)
 
 
 def get_device_name(device=None) -> str:
@@ -115,29 +63,6 @@ def get_device_properties(device=None):
 # --- synchronisation -----------------------------------------------------------
 
 
-def _adaptive():
-    from ..eager import adaptive
-
-    return adaptive
-
-
-def _all_ready(index: int) -> bool:
-    from ..runtime import sync
-
-    _adaptive().flush()
-    return sync.ready(index, _jax_device(index))
-
-
-def synchronize(device=None) -> None:
-    """Wait until every operation queued on the device has finished, and report failed device checks."""
-    from ..runtime import pending_checks, sync
-
-    index = _index(device)
-    _adaptive().flush()
-    sync.wait(index, _jax_device(index))
-    pending_checks.raise_failures(index)
-
-
 # --- adaptive eager ------------------------------------------------------------
 
 
@@ -161,36 +86,11 @@ def adaptive_eager_stats() -> dict:
 
 # --- streams and events --------------------------------------------------------
 
-from .streams import Event, Stream, StreamContext  # noqa: E402,F401  (torch.neuron.Event)
-
-
-def current_stream(device=None) -> Stream:
-    index = _index(device)
-    return _current_streams.get(index) or default_stream(index)
-
-
-@functools.cache
-def _default_stream(index: int) -> Stream:
-    return Stream(index, stream_id=0)
-
-
-def default_stream(device=None) -> Stream:
-    return _default_stream(_index(device))
-
-
-def set_stream(stream) -> None:
-    _current_streams[stream.device_index] = stream
-
-
-def stream(stream) -> StreamContext:
-    return StreamContext(stream)
-
-
 # --- random numbers ------------------------------------------------------------
 
 
 def _rng():
-    from . import rng
+    from ..runtime import rng
 
     return rng
 
@@ -303,10 +203,9 @@ def mem_get_info(device=None):
 
 
 def empty_cache() -> None:
-    """Drop cached eager executables; device buffers are freed as soon as tensors die."""
-    from ..runtime.cache import eager_cache
-
-    eager_cache.clear()
+    """Nothing to release: there is no caching allocator (PJRT frees each device buffer when its last
+    tensor dies), so unlike torch.cuda's this frees no memory. Compiled executables are kept; see
+    `clear_executable_cache`."""
 
 
 # --- mixed precision -----------------------------------------------------------
@@ -334,3 +233,13 @@ def cache_stats() -> dict:
     from ..runtime.cache import eager_cache
 
     return eager_cache.stats()
+
+
+def clear_executable_cache() -> None:
+    """Drop the compiled eager executables and adaptive eager's fused programs (host memory; each op
+    signature compiles again on its next use)."""
+    from ..eager.adaptive import fused_cache
+    from ..runtime.cache import eager_cache
+
+    eager_cache.clear()
+    fused_cache.clear()

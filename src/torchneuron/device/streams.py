@@ -6,19 +6,21 @@ one in-order queue: work never overlaps across streams, `wait_stream` and
 go through the native device guard: recording one with timing waits for the
 work queued so far and notes the time, so `elapsed_time` measures real work.
 """
+import functools
 import itertools
 
 import torch
 
-from . import module
+from .guard import _all_ready, _index, synchronize
 
+_current_streams = {}  # device index -> the stream set as current (else the default stream)
 _stream_ids = itertools.count(1)  # 0 is each device's default stream
 _NEURON = int(torch._C._autograd.DeviceType.PrivateUse1)  # c10::DeviceType, as torch.Stream takes it
 
 
 class Stream(torch.Stream):
     def __new__(cls, device=None, priority: int = 0, *, stream_id=None, **kwargs):
-        index = module._index(device)
+        index = _index(device)
         stream_id = next(_stream_ids) if stream_id is None else stream_id
         return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NEURON)
 
@@ -37,10 +39,10 @@ class Stream(torch.Stream):
         return event
 
     def synchronize(self) -> None:
-        module.synchronize(self.device_index)
+        synchronize(self.device_index)
 
     def query(self) -> bool:
-        return module._all_ready(self.device_index)
+        return _all_ready(self.device_index)
 
     def __repr__(self):
         return f"<torch.neuron.Stream device={self.device} stream_id={self.stream_id}>"
@@ -58,7 +60,7 @@ class Event:
         return self.event.device
 
     def record(self, stream=None) -> None:
-        self.event.record(stream if stream is not None else module.current_stream())
+        self.event.record(stream if stream is not None else current_stream())
 
     def query(self) -> bool:
         return self.event.query()
@@ -80,11 +82,33 @@ class StreamContext:
 
     def __enter__(self):
         if self.stream is not None:
-            self.previous = module._current_streams.get(self.stream.device_index)
-            module._current_streams[self.stream.device_index] = self.stream
+            self.previous = _current_streams.get(self.stream.device_index)
+            _current_streams[self.stream.device_index] = self.stream
         return self.stream
 
     def __exit__(self, *exc):
         if self.stream is not None:
-            module._current_streams[self.stream.device_index] = self.previous
+            _current_streams[self.stream.device_index] = self.previous
         return False
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    return _current_streams.get(index) or default_stream(index)
+
+
+@functools.cache
+def _default_stream(index: int) -> Stream:
+    return Stream(index, stream_id=0)
+
+
+def default_stream(device=None) -> Stream:
+    return _default_stream(_index(device))
+
+
+def set_stream(stream) -> None:
+    _current_streams[stream.device_index] = stream
+
+
+def stream(stream) -> StreamContext:
+    return StreamContext(stream)

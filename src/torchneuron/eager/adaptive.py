@@ -20,8 +20,8 @@ context manager, or TORCHNEURON_ADAPTIVE_EAGER=1.
 """
 import contextlib
 import os
-import sys
 import threading
+import weakref
 
 import jax
 import torch
@@ -33,9 +33,6 @@ from ..runtime import sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.platform import jax_device
 from ..runtime.storage import Pending
-
-# getrefcount's view of a Pending referenced only by the queue's list (the list, the loop variable, the argument)
-_HELD_ONLY_BY_THE_QUEUE = 3
 
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
 
@@ -57,7 +54,7 @@ class Queue:
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
         self.external_index = {}  # id(buffer) -> value number, so a buffer read twice is one input
-        self.pendings = []  # every result of a queued op
+        self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
 
@@ -74,7 +71,7 @@ class Queue:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
                     if buffer.array is None:
-                        args.append(buffer.value)
+                        args.append(buffer.number)
                         continue
                     buffer = buffer.array
                 elif buffer is None:
@@ -88,7 +85,7 @@ class Queue:
             first = self.n_values
             pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
             self.n_values += len(pendings)
-            self.pendings += pendings
+            self.pendings += map(weakref.ref, pendings)
             self.ops.append((executable, tuple(args), first))
             if len(self.ops) >= self.limit:
                 self.flush()
@@ -105,10 +102,9 @@ class Queue:
             if not self.ops:
                 return
             ops, externals, device_index = self.ops, self.externals, self.device_index
-            # a result is needed if anything besides this list holds its Pending (a storage does): the
-            # reference count says so without a weak reference per result on the per-op path
-            live = [p for p in self.pendings if sys.getrefcount(p) > _HELD_ONLY_BY_THE_QUEUE]
-            kept = tuple(p.value for p in live)
+            # a result is needed if its Pending is still alive (a storage holds it)
+            live = [p for p in (ref() for ref in self.pendings) if p is not None]
+            kept = tuple(p.number for p in live)
             key = (tuple((e, args) for e, args, _ in ops), tuple(self.external_values), kept)
             n_values, external_values = self.n_values, self.external_values
             self._reset()
@@ -147,7 +143,7 @@ def _fused_program(ops, n_values, external_values, kept):
     """One traceable function of the queue: each op's program inlined (its eager executable's jit is not)."""
 
     def fused(*externals):
-        return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program(*args))
+        return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program.function(*args))
 
     return fused
 

@@ -1,33 +1,15 @@
-"""Op-by-op eager dispatch: every ATen call on neuron tensors arrives here.
+"""Op-by-op eager dispatch: every ATen call on neuron tensors arrives here and goes to its handler.
 
-For each op and argument signature (shapes, strides, dtypes, static arguments)
-one XLA executable is built and cached. It reads its inputs straight from the
-storages through their views, runs the op's lowering, and writes in-place and
-out= results back through the views into the storages, whose old buffers it
-donates. PyTorch's meta kernels give the output metadata and, for bad input,
-PyTorch's own errors before anything is compiled.
+An op with a lowering runs as a cached storage program (executable.py); views, storage changes and
+transfers have handlers of their own (views.py, handlers.py); an op with neither runs on the CPU
+(fallback.py). The handler is chosen once per op overload, from the op's rule.
 """
-import math
-import warnings
-
-import jax
 import torch
-from jax.sharding import SingleDeviceSharding
 
-from ..device import rng
-from ..ops import checks, registry
-from ..ops.graph import lowering_for
-from ..runtime import layout, memory, pending_checks, sync
-from ..runtime.cache import eager_cache
-from ..runtime.dtypes import convert, to_jax
-from ..runtime.platform import jax_device
-from ..runtime.transfer import device_scalar
-from ..runtime.storage import Pending, Storage
-from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
-from . import adaptive, fallback, out_dtypes, special, views
-from .arguments import TENSOR_SLOTS, fill, generator_of, template
-
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+from ..ops import rules
+from ..runtime import tensor as neuron_tensor
+from . import fallback, handlers, views
+from .executable import Compute
 
 _HANDLERS = {}
 
@@ -53,25 +35,23 @@ def forget_choices() -> None:
 
 
 def _choose_handler(func):
-    if func in registry.CPU_FORCED:
+    rule = rules.rule(func)
+    if rule.cpu_forced:
         return fallback.run_on_cpu
-    if func in special.HANDLERS:
-        return special.HANDLERS[func]
+    if func in handlers.HANDLERS:
+        return handlers.HANDLERS[func]
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         # below autograd these arrive undecomposed; their decomposition calls ops we handle
         return _decompose
-    if func in registry.DYNAMIC_SHAPE_OPS or (
-        registry.is_out(func) and registry.functional_variant(func) in registry.DYNAMIC_SHAPE_OPS
-    ):
-        return special.data_dependent
+    if rule.dynamic_shape:
+        return handlers.data_dependent
     if torch.Tag.inplace_view in func.tags:
         return views.inplace_view
-    if (_returns_view(func) or func is torch.ops.aten._unsafe_view.default) and not registry.is_mutating(func):
+    if (_returns_view(func) or func is torch.ops.aten._unsafe_view.default) and not rule.mutated:
         # _unsafe_view does alias its input (only autograd's view tracking is skipped): kron's out= writes through it
         return views.view
-    target = registry.functional_variant(func) if registry.is_mutating(func) else func
-    if target is not None and lowering_for(target) is not None:
-        return Compute(func, target)
+    if rule.lowering is not None:
+        return Compute(rule)
     if func.namespace not in ("aten", "prims") and any(
         torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key) for key in _CUSTOM_KERNEL_KEYS
     ):
@@ -90,309 +70,4 @@ def _run_device_generic_kernel(func, args, kwargs):
     return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
 
 
-class Compute:
-    """The handler of an op with a lowering: key -> cached executable -> outputs."""
-
-    def __init__(self, func, target):
-        self.func = func
-        self.target = target
-        self.lowering = lowering_for(target)
-        self.dynamic_floats = target in registry.LOWERINGS and target not in registry.STATIC_SCALAR_OPS
-        self.random = registry.is_random(target)
-        self.mutated_names = registry.mutated_arguments(func)
-        self.drop_kwargs = set(self.mutated_names) if registry.is_out(func) else set()
-
-    def __call__(self, func, args, kwargs, generator=None):
-        if self.random and generator is None:
-            generator = generator_of(args, kwargs)
-        # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
-        # (aliasing is part of the program), and the default dtype (result dtype of float scalars, int division,
-        # factories); top-level neuron tensors, the common case, are slotted inline
-        tensors, scalars, targs = [], [], []
-        dynamic = self.dynamic_floats
-        for a in args:
-            if type(a) is NeuronTensor:
-                targs.append(TENSOR_SLOTS[len(tensors)])
-                tensors.append(a)
-            else:
-                targs.append(template(a, tensors, scalars, dynamic))
-        targs = tuple(targs)
-        tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
-        storages, views = _storage_views(tensors)
-        if storages is None:
-            special.bring_to_device(tensors)
-            return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
-        scalar_types = tuple(map(type, scalars)) if scalars else ()
-        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype())
-        entry = eager_cache.get(key)
-        if entry is None:
-            entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
-            eager_cache.put(key, entry)
-        if entry is fallback.run_on_cpu:
-            return fallback.run_on_cpu(func, args, kwargs)
-        try:
-            return entry.run(tensors, storages, scalars, generator)
-        except LoweringFailed as failure:
-            # a lowering that cannot handle these arguments: the CPU gives the right answer or error
-            eager_cache.put(key, fallback.run_on_cpu)
-            fallback.note_failure(func, failure.cause)
-            return fallback.run_on_cpu(func, args, kwargs)
-
-
-def _storage_views(tensors):
-    """The storages the tensors view, and each one's view and storage number (None, None if any is not a
-    neuron tensor)."""
-    storages, views, index = [], [], {}
-    for t in tensors:
-        if type(t) is not NeuronTensor:
-            return None, None
-        s = t._storage
-        i = index.get(s)
-        if i is None:
-            i = index[s] = len(storages)
-            storages.append(s)
-        views.append((t._spec, i, s.numel))
-    return storages, views
-
-
-def _refilled(targs, tkwargs, tensors, scalars):
-    return fill(targs, tensors, scalars), {k: fill(v, tensors, scalars) for k, v in tkwargs}
-
-
-def _meta_spec(t: torch.Tensor):
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
-
-
-def _check_same_device(tensors):
-    devices = {t._spec[4] for t in tensors}
-    if len(devices) > 1:
-        a, b = sorted(devices)[:2]
-        raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, neuron:{a} and neuron:{b}!"
-        )
-
-
-class LoweringFailed(Exception):
-    def __init__(self, op, cause):
-        super().__init__(f"lowering of {op} failed: {type(cause).__name__}: {cause}")
-        self.cause = cause
-
-
-class Executable:
-    """One compiled program for one op signature, with the plan for its outputs."""
-
-    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars):
-        _check_same_device(tensors)
-        self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
-        specs = [t._spec for t in tensors]
-        bases = {}
-        meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
-        before = [_meta_spec(m) for m in meta_tensors]
-        meta_args = fill(targs, meta_tensors, scalars)
-        meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
-        if op.drop_kwargs:
-            out_dtypes.check_with_meta(op.func, op.target, meta_args, meta_kwargs)
-        meta_out = registry.META.get(op.func, op.func)(*meta_args, **meta_kwargs)
-
-        by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
-        mutated = []
-        for name in op.mutated_names:
-            value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
-            mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
-        self.resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
-        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in self.resized])
-        self.new_specs = [_meta_spec(meta_tensors[i]) for i in self.resized]
-        self.mutated = [i for i in mutated if i not in self.resized]
-        for i in self.mutated:
-            _check_no_internal_overlap(specs[i])
-        self.mutated_storages = sorted({pattern[i] for i in self.mutated})
-        self.read_storages = [s for s in range(len(storages)) if s not in self.mutated_storages]
-        fresh = []
-        self.plan = _output_plan(meta_out, by_identity, fresh)
-        self.fresh_specs = [_meta_spec(m) for m in fresh]
-        self.random = op.random
-        self.storage_dtypes = [s.dtype for s in storages]
-
-        lowering, drop = op.lowering, op.drop_kwargs
-        n_fresh = len(fresh)
-        mutated_storages, read_storages = self.mutated_storages, self.read_storages
-        resized, mutated_list = self.resized, self.mutated
-        new_specs, fresh_specs = self.new_specs, self.fresh_specs
-        storage_dtypes = self.storage_dtypes
-
-        n_mutable, n_read, n_scalars = len(mutated_storages), len(read_storages), len(scalars)
-
-        def program(*flat):
-            # flat positional arguments: jit's fast path skips pytree work (mutated buffers first, donated)
-            buffers = dict(zip(mutated_storages, flat[:n_mutable]))
-            buffers.update(zip(read_storages, flat[n_mutable : n_mutable + n_read]))
-            dynamic_scalars = flat[n_mutable + n_read : n_mutable + n_read + n_scalars]
-            key = flat[-1] if self.random else None
-            values = [layout.read_view(buffers[p], spec) for spec, p in zip(specs, pattern)]
-            call_args = fill(targs, values, dynamic_scalars)
-            call_kwargs = {k: fill(v, values, dynamic_scalars) for k, v in tkwargs if k not in drop}
-            if key is not None:
-                call_args = [rng.key_from(key), *call_args]
-            with checks.collecting() as conditions:
-                # Python ints among the results are sizes the meta kernel gives already (fused attention's max_q)
-                results = [r for r in registry.flatten(lowering(*call_args, **call_kwargs))
-                           if r is not None and type(r) is not int]
-            registry.check_outputs(op.target, results[:n_fresh], fresh)
-            self.check_errors = [(error, message) for _, error, message in conditions]
-            outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
-            written = dict(zip(mutated, results[n_fresh:]))
-            for i in mutated_list:
-                p = pattern[i]
-                buffers[p] = layout.write_view(buffers[p], written[i], specs[i], storage_dtypes[p])
-            outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
-            return tuple(buffers[p] for p in mutated_storages) + tuple(outputs) + tuple(c for c, _, _ in conditions)
-
-        self.op = op.func
-        self.argument_storages = self.mutated_storages + self.read_storages
-        spec = self.fresh_specs[0] if self.plan == ("new", 0) and not self.resized else None
-        plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
-        self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
-        self.program = program
-        # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
-        # land on JAX's default device
-        placed = SingleDeviceSharding(jax_device(self.device_index))
-        self.compiled = jax.jit(program, donate_argnums=tuple(range(n_mutable)), out_shardings=placed)
-        self.traced = False
-        self.output_sizes = None  # the flat length of each result, known once it has run
-        self.queueable = False  # by adaptive eager, once it has run
-        self.check_errors = []
-
-    def run(self, tensors, storages, scalars, generator=None):
-        queue = adaptive.queue
-        if queue.enabled and self.queueable:
-            return self._record(queue, tensors, storages, scalars, generator)
-        if queue.ops and self.mutated_storages:
-            queue.flush()  # the queue may read a buffer this program donates
-        flat = []
-        for p in self.argument_storages:
-            buffer = storages[p]._buffer
-            flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
-        if scalars:
-            flat += _device_scalars(scalars, self.device_index)
-        if self.random:
-            flat.append(rng.next_key(self.device_index, generator))
-        try:
-            results = self.compiled(*flat)
-        except Exception as exc:
-            memory.raise_if_exhausted(exc, self.device_index)
-            if self.traced or self.op in registry.CHECKED_OUTPUTS:
-                # a library lowering's failure is its author's to see, not a reason to run on the CPU
-                raise
-            # the first call traces and compiles; nothing is donated if that fails
-            raise LoweringFailed(self.op, exc) from None
-        if not self.traced:
-            self.traced = True
-            self.output_sizes = [r.size for r in results]
-            self.queueable = not self.check_errors  # device-side checks need each op's own results
-        if results:
-            sync.last[self.device_index] = results[-1]
-        return self._outputs(results, tensors, storages)
-
-    def _record(self, queue, tensors, storages, scalars, generator):
-        """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
-        extras = _device_scalars(scalars, self.device_index) if scalars else []
-        if self.random:
-            extras.append(rng.next_key(self.device_index, generator))
-        return self._outputs(queue.record(self, storages, extras), tensors, storages)
-
-    def _outputs(self, results, tensors, storages):
-        if not results:
-            return _build_output(self.plan, tensors, [])
-        device_index = self.device_index
-        n_mutated = len(self.mutated_storages)
-        if n_mutated:
-            for p, buffer in zip(self.mutated_storages, results):
-                storages[p].buffer = buffer
-            results = results[n_mutated:]
-        if self.check_errors:
-            n_checks = len(self.check_errors)
-            pending_checks.add(device_index, self.op, results[-n_checks:], self.check_errors)
-            results = results[:-n_checks]
-        if self.contiguous_output is not None:
-            return new_contiguous_tensor(results[0], *self.contiguous_output, device_index)
-        fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
-        for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
-            views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
-        return _build_output(self.plan, tensors, fresh)
-
-
-def _device_scalars(scalars, device_index) -> list:
-    return [device_scalar(s, device_index) for s in scalars]
-
-
-def _factory_device_index(tkwargs) -> int:
-    device = dict(tkwargs).get("device")
-    index = None if device is None else torch.device(device).index
-    return torch.neuron.current_device() if index is None else index
-
-
-def _check_no_internal_overlap(spec):
-    """PyTorch refuses writes where several elements share one memory location (expanded tensors)."""
-    shape, stride = spec[0], spec[1]
-    if any(size > 1 and st == 0 for size, st in zip(shape, stride)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
-
-
-def _check_inplace_shapes(func, changes):
-    """Meta kernels built from PyTorch's refs resize `self` where the CPU kernel of an in-place op refuses."""
-    if registry.is_out(func) or "resize" in func._schema.name:
-        return
-    for old, new in changes:
-        if tuple(old) != tuple(new):
-            raise RuntimeError(f"output with shape {list(old)} doesn't match the broadcast shape {list(new)}")
-
-
-def _position(func, name) -> int:
-    for i, a in enumerate(func._schema.arguments):
-        if a.name == name:
-            return i
-    raise KeyError(name)
-
-
-def _output_plan(meta_out, by_identity, fresh):
-    if isinstance(meta_out, torch.Tensor):
-        i = by_identity.get(id(meta_out))
-        if i is not None:
-            return ("arg", i)
-        fresh.append(meta_out)
-        return ("new", len(fresh) - 1)
-    if isinstance(meta_out, (tuple, list)):
-        return (type(meta_out), [_output_plan(m, by_identity, fresh) for m in meta_out])
-    return ("const", meta_out)
-
-
-def _build_output(plan, tensors, fresh):
-    kind, value = plan
-    if kind == "arg":
-        return tensors[value]
-    if kind == "new":
-        return fresh[value]
-    if kind == "const":
-        return value
-    return kind(_build_output(p, tensors, fresh) for p in value)
-
-
-def _materialize(value, spec):
-    """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
-    shape, stride, offset, dtype = spec
-    value = jax.numpy.broadcast_to(convert(value, to_jax(dtype)), shape)
-    if offset == 0 and layout.is_contiguous(shape, stride):
-        return value.reshape(-1)
-    numel = _storage_numel(shape, stride, offset)
-    return layout.write(jax.numpy.zeros((numel,), value.dtype), value, shape, stride, offset)
-
-
-def _storage_numel(shape, stride, offset) -> int:
-    if math.prod(shape) == 0:
-        return offset
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
-
+neuron_tensor.bind_dispatch(dispatch)

@@ -1,7 +1,7 @@
 """The lowering table: ATen op overloads -> JAX functions, grouped by family.
 
 Importing this package registers every family. Eager, adaptive eager and
-torch.compile all read the same table through `registry.lowering_for`.
+torch.compile all read the same table through `rules.rule(op)`.
 """
 from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)

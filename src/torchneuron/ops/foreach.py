@@ -6,6 +6,7 @@ per-tensor lowering keeps their numerics identical to the per-tensor path.
 import torch
 
 from .registry import STATIC_SCALAR_OPS, lower
+from .rules import MissingLowering, lowering_for
 
 aten = torch.ops.aten
 
@@ -44,8 +45,6 @@ def _mapped(foreach_op, per_tensor_op):
     keyword_names = [a.name for a in schema if a.kwarg_only]
 
     def lowering(*args, **kwargs):
-        from .graph import MissingLowering, lowering_for
-
         fn = lowering_for(per_tensor_op)
         if fn is None:
             raise MissingLowering(per_tensor_op)

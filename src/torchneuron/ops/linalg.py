@@ -6,6 +6,7 @@ import torch
 
 from .promotion import cast, promote
 from .registry import lower
+from .rules import MissingLowering
 
 aten = torch.ops.aten
 
@@ -90,8 +91,6 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
 @lower(aten._grouped_mm, meta=_grouped_mm_meta)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     if bias is not None:
-        from .graph import MissingLowering
-
         raise MissingLowering(aten._grouped_mm.default)
     if a.ndim == 3 and b.ndim == 3:
         return _matmul(a, b)

@@ -8,7 +8,7 @@ from jax import lax
 
 from ..runtime.dtypes import to_torch
 from . import checks
-from .graph import vjp
+from .rules import vjp
 from .promotion import cast, opmath
 from .registry import META, lower, meta_like_input
 

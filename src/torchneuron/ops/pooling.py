@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .graph import vjp
+from .rules import vjp
 from .promotion import opmath
 from .registry import lower, meta_like_input
 
@@ -283,7 +283,7 @@ def _grid_gather(x, indices, weight):
 @lower(aten.grid_sampler_2d, aten.grid_sampler_3d)
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
     if interpolation_mode == 2:  # bicubic, 2-d only
-        from .graph import decomposed
+        from .rules import decomposed
 
         return decomposed(aten.grid_sampler_2d.default)(x, grid, interpolation_mode, padding_mode, align_corners)
     # in the input's dtype, as the CPU computes (half-precision grids move the sampled positions)

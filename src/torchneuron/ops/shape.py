@@ -222,7 +222,7 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
 def _check_strided_bounds(x, src, size, stride, storage_offset=None):
     """The view as_strided_scatter writes through must lie inside (a contiguous copy of) self."""
     offset = storage_offset or 0
-    needed = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    needed = layout.storage_extent(size, stride, offset)
     if needed > x.numel():
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "

@@ -35,6 +35,13 @@ def is_contiguous(shape, stride) -> bool:
     return True
 
 
+def storage_extent(shape, stride, offset: int = 0) -> int:
+    """The elements a storage needs to hold this view (PyTorch's computeStorageNbytes, in elements)."""
+    if not all(shape):
+        return 0
+    return offset + 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+
+
 def covers_storage(shape, stride, offset, storage_numel) -> bool:
     """True when the view is the whole storage in row-major order (reads are a reshape)."""
     return offset == 0 and math.prod(shape) == storage_numel and is_contiguous(shape, stride)

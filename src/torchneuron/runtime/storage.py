@@ -23,11 +23,11 @@ class Pending:
     queued ops are built exactly as those of executed ones.
     """
 
-    __slots__ = ("shape", "value", "array", "_run_queue", "__weakref__")
+    __slots__ = ("shape", "number", "array", "_run_queue", "__weakref__")
 
-    def __init__(self, numel: int, value: int, run_queue):
+    def __init__(self, numel: int, number: int, run_queue):
         self.shape = (numel,)
-        self.value = value  # its number among the queue's values
+        self.number = number  # its number among the queue's values
         self.array = None
         self._run_queue = run_queue
 

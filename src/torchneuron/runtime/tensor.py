@@ -6,7 +6,7 @@ import torch
 
 from ..native import _C as native
 from . import memory
-from .layout import contiguous_strides
+from .layout import contiguous_strides, storage_extent
 from .storage import Storage
 
 
@@ -82,12 +82,13 @@ class NeuronTensor(torch.Tensor):
 
 
 def _dispatch(func, args, kwargs):
-    """Bound on first use to eager.dispatch.dispatch (the eager layer imports this module)."""
-    global _dispatch
-    from ..eager.dispatch import dispatch
+    raise RuntimeError("torchneuron: neuron tensors need the eager layer (import torchneuron)")
 
+
+def bind_dispatch(dispatch) -> None:
+    """The eager layer, above this one, gives the function every op on neuron tensors goes to."""
+    global _dispatch
     _dispatch = dispatch
-    return dispatch(func, args, kwargs)
 
 
 def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> NeuronTensor:
@@ -132,7 +133,7 @@ def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
-    numel = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+    numel = storage_extent(shape, stride)
     if buffer is None:
         memory.check_fits(numel * dtype.itemsize, device_index)
     return Storage(numel, dtype, device_index, buffer)

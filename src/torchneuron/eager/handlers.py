@@ -1,10 +1,12 @@
-"""Ops that are not plain computations: transfers, host reads, storage changes."""
+"""The handlers of ops that are not plain computations: transfers, host reads, storage changes."""
 import torch
 
-from ..runtime import pending_checks, storage, transfer
+from ..ops.rules import rule
+from ..runtime import storage, transfer
+from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
-from ..runtime.layout import contiguous_strides, covers_storage
-from . import out_dtypes
+from . import out_dtypes, transfers
+from .executable import Compute
 
 aten = torch.ops.aten
 HANDLERS = {}
@@ -19,62 +21,20 @@ def handles(*ops):
     return register
 
 
-def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
-    """A new contiguous neuron tensor holding a CPU tensor's values."""
-    return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, device_index)
-
-
-def row_major_buffer(tensor: NeuronTensor):
-    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one)."""
-    if not _is_whole_storage(tensor):
-        tensor = aten.clone.default(tensor, memory_format=torch.contiguous_format)
-    return tensor._storage.buffer
-
-
-def to_host(tensor: NeuronTensor) -> torch.Tensor:
-    """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
-    pending_checks.raise_failures(tensor.device.index)
-    return transfer.device_to_host(row_major_buffer(tensor), tensor.dtype).reshape(tensor.shape)
-
-
-def _is_whole_storage(t: NeuronTensor) -> bool:
-    shape, stride, offset, dtype, _ = t._spec
-    return dtype == t._storage.dtype and covers_storage(shape, stride, offset, t._storage.numel)
-
-
-def bring_to_device(tensors: list) -> None:
-    """Replace 0-dim CPU tensors (which PyTorch lets mix with device tensors) by neuron copies."""
-    device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
-    for i, t in enumerate(tensors):
-        if type(t) is NeuronTensor:
-            continue
-        if t.device.type == "cpu" and t.dim() == 0:
-            tensors[i] = from_host(t, device_index)
-        else:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                f"neuron:{device_index} and {t.device}!"
-            )
-
-
 @handles(aten.copy_.default)
 def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if not isinstance(dst, NeuronTensor):
-        return dst.copy_(to_host(src))
+        return dst.copy_(transfers.to_host(src))
     if not isinstance(src, NeuronTensor):
-        if _is_whole_storage(dst) and src.dtype == dst.dtype and src.shape == dst.shape:
+        if transfers.is_whole_storage(dst) and src.dtype == dst.dtype and src.shape == dst.shape:
             # `.to("neuron")`: the transferred buffer becomes the destination's storage, no program runs
             dst._storage.buffer = transfer.host_to_device(src, dst.device.index)
             return dst
-        src = from_host(src, dst.device.index)
+        src = transfers.from_host(src, dst.device.index)
     elif src.device != dst.device:
-        src = _move(src, dst.device.index)
+        src = transfers.move(src, dst.device.index)
     return _computation(aten.copy_.default)(func, (dst, src), {})
-
-
-def _move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, device_index)
 
 
 @handles(aten._to_copy.default)
@@ -82,12 +42,12 @@ def to_copy(func, args, kwargs):
     tensor = args[0]
     device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else tensor.device
     if device.type != "neuron":
-        host = to_host(tensor)
+        host = transfers.to_host(tensor)
         rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
         return host.to(device=device, **{"dtype": rest.get("dtype") or host.dtype})
     index = device.index if device.index is not None else torch.neuron.current_device()
     if index != tensor.device.index:
-        tensor = _move(tensor, index)
+        tensor = transfers.move(tensor, index)
     same_device = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking", "pin_memory")}
     return _computation(aten._to_copy.default)(func, (tensor,), same_device)
 
@@ -100,16 +60,13 @@ def _computation(func):
     `copy_` and `_to_copy` within one device are ordinary computations."""
     handler = _COMPUTATIONS.get(func)
     if handler is None:
-        from ..ops.registry import functional_variant, is_mutating
-        from .dispatch import Compute
-
-        handler = _COMPUTATIONS[func] = Compute(func, functional_variant(func) if is_mutating(func) else func)
+        handler = _COMPUTATIONS[func] = Compute(rule(func))
     return handler
 
 
 @handles(aten._local_scalar_dense.default)
 def local_scalar_dense(func, args, kwargs):
-    return to_host(args[0]).item()
+    return transfers.to_host(args[0]).item()
 
 
 @handles(aten.equal.default)
@@ -139,7 +96,7 @@ def resize_(func, args, kwargs):
         return tensor  # as on the CPU: an out= tensor of the right size keeps its strides
     strides = contiguous_strides(size)
     offset = tensor.storage_offset()
-    needed = offset + (1 + sum((s - 1) * st for s, st in zip(size, strides)) if all(size) else 0)
+    needed = storage_extent(size, strides, offset)
     storage = tensor._storage
     if needed > storage.numel:
         storage.resize(needed)
@@ -202,7 +159,7 @@ def record_stream(func, args, kwargs):
 
 def _value(tensor: NeuronTensor):
     """The tensor's values as a (contiguous) device array."""
-    return row_major_buffer(tensor).reshape(tensor.shape)
+    return transfers.row_major_buffer(tensor).reshape(tensor.shape)
 
 
 def from_array(array, device_index: int) -> NeuronTensor:
@@ -226,11 +183,10 @@ def data_dependent(func, args, kwargs):
 
 def _data_dependent_out(func, args, kwargs):
     """out= overloads: the functional result, then the out tensors resized to hold it."""
-    from ..ops.registry import functional_variant, mutated_arguments
-
-    names = mutated_arguments(func)
+    op = rule(func)
+    names = op.mutated
     outs = [kwargs[name] for name in names]
-    results = data_dependent(functional_variant(func), args, {k: v for k, v in kwargs.items() if k not in names})
+    results = data_dependent(op.target, args, {k: v for k, v in kwargs.items() if k not in names})
     results = results if isinstance(results, (tuple, list)) else [results]
     out_dtypes.check(func, args, kwargs, [r.dtype for r in results])
     for out, value in zip(outs, results):
@@ -264,7 +220,7 @@ def _indices_on_device(x, indices):
     if type(x) is not NeuronTensor:
         return indices
     return [
-        from_host(i, x.device.index) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices
+        transfers.from_host(i, x.device.index) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices
     ]
 
 

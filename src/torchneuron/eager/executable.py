@@ -1,0 +1,314 @@
+"""The computation of an op with a lowering: one storage program per op signature, compiled and cached.
+
+For each op and argument signature (shapes, strides, dtypes, static arguments) one XLA executable is
+built and cached. It reads its inputs straight from the storages through their views, runs the op's
+lowering, and writes in-place and out= results back through the views into the storages, whose old
+buffers it donates (runtime/program.py). PyTorch's meta kernels give the output metadata and, for bad
+input, PyTorch's own errors before anything is compiled.
+"""
+import math
+import warnings
+
+import jax
+import numpy as np
+import torch
+
+from ..ops import checks, registry, rules
+from ..runtime import layout, memory, pending_checks, rng, sync
+from ..runtime.cache import eager_cache
+from ..runtime.dtypes import convert, to_jax
+from ..runtime.program import StorageProgram
+from ..runtime.storage import Storage
+from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
+from ..runtime.transfer import device_scalar
+from . import adaptive, fallback, out_dtypes, transfers, views
+from .arguments import TENSOR_SLOTS, fill, generator_of, template
+
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+class Compute:
+    """The handler of an op with a lowering: key -> cached executable -> outputs."""
+
+    def __init__(self, rule: rules.OpRule):
+        self.rule = rule
+        self.func = rule.op
+        self.random = rule.random
+        self.drop_kwargs = set(rule.mutated) if rule.out else set()
+
+    def __call__(self, func, args, kwargs, generator=None):
+        if self.random and generator is None:
+            generator = generator_of(args, kwargs)
+        # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
+        # (aliasing is part of the program), and the default dtype (result dtype of float scalars, int division,
+        # factories); top-level neuron tensors, the common case, are slotted inline
+        tensors, scalars, targs = [], [], []
+        dynamic = self.rule.traced_floats
+        for a in args:
+            if type(a) is NeuronTensor:
+                targs.append(TENSOR_SLOTS[len(tensors)])
+                tensors.append(a)
+            else:
+                targs.append(template(a, tensors, scalars, dynamic))
+        targs = tuple(targs)
+        tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
+        storages, views = _storage_views(tensors)
+        if storages is None:
+            transfers.bring_to_device(tensors)
+            return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
+        scalar_types = tuple(map(type, scalars)) if scalars else ()
+        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype())
+        entry = eager_cache.get(key)
+        try:
+            if entry is None:
+                entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
+                eager_cache.put(key, entry)
+            elif entry is fallback.run_on_cpu:
+                return fallback.run_on_cpu(func, args, kwargs)
+            return entry.run(tensors, storages, scalars, generator)
+        except LoweringFailed as failure:
+            # a lowering that cannot handle these arguments: the CPU gives the right answer or error
+            eager_cache.put(key, fallback.run_on_cpu)
+            fallback.note_failure(func, failure.cause)
+            return fallback.run_on_cpu(func, args, kwargs)
+
+
+def _storage_views(tensors):
+    """The storages the tensors view, and each one's view and storage number (None, None if any is not a
+    neuron tensor)."""
+    storages, views, index = [], [], {}
+    for t in tensors:
+        if type(t) is not NeuronTensor:
+            return None, None
+        s = t._storage
+        i = index.get(s)
+        if i is None:
+            i = index[s] = len(storages)
+            storages.append(s)
+        views.append((t._spec, i, s.numel))
+    return storages, views
+
+
+def _refilled(targs, tkwargs, tensors, scalars):
+    return fill(targs, tensors, scalars), {k: fill(v, tensors, scalars) for k, v in tkwargs}
+
+
+def _meta_spec(t: torch.Tensor):
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+
+
+def _check_same_device(tensors):
+    devices = {t._spec[4] for t in tensors}
+    if len(devices) > 1:
+        a, b = sorted(devices)[:2]
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, neuron:{a} and neuron:{b}!"
+        )
+
+
+class LoweringFailed(Exception):
+    def __init__(self, op, cause):
+        super().__init__(f"lowering of {op} failed: {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+class Executable:
+    """One compiled storage program for one op signature, with the plan for its outputs."""
+
+    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars):
+        _check_same_device(tensors)
+        self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
+        specs = [t._spec for t in tensors]
+        bases = {}
+        meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
+        before = [_meta_spec(m) for m in meta_tensors]
+        meta_args = fill(targs, meta_tensors, scalars)
+        meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
+        rule = op.rule
+        if op.drop_kwargs:
+            out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
+        meta_out = rule.meta(*meta_args, **meta_kwargs)
+
+        by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
+        mutated = []
+        for name in rule.mutated:
+            value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
+            mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
+        self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
+        self.new_specs = new_specs = [_meta_spec(meta_tensors[i]) for i in resized]
+        written_in_place = [i for i in mutated if i not in resized]
+        for i in written_in_place:
+            _check_no_internal_overlap(specs[i])
+        fresh = []
+        self.plan = _output_plan(meta_out, by_identity, fresh)
+        self.fresh_specs = fresh_specs = [_meta_spec(m) for m in fresh]
+        self.random = op.random
+        self.op = op.func
+        self.checked_outputs = rule.checked_outputs
+        # the device-side checks the lowering asks for (ops.checks): found when the program is traced, below
+        self.check_errors = check_errors = []
+        lowering, drop, n_scalars, n_fresh = rule.lowering, op.drop_kwargs, len(scalars), len(fresh)
+
+        def compute(values, extras):
+            scalar_values = extras[:n_scalars]
+            call_args = fill(targs, values, scalar_values)
+            call_kwargs = {k: fill(v, values, scalar_values) for k, v in tkwargs if k not in drop}
+            if self.random:
+                call_args = [rng.key_from(extras[-1]), *call_args]
+            with checks.collecting() as conditions:
+                # Python ints among the results are sizes the meta kernel gives already (fused attention's max_q)
+                results = [r for r in registry.flatten(lowering(*call_args, **call_kwargs))
+                           if r is not None and type(r) is not int]
+            registry.check_outputs(rule.target, results[:n_fresh], fresh)
+            check_errors[:] = [(error, message) for _, error, message in conditions]
+            written = dict(zip(mutated, results[n_fresh:]))
+            outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
+            outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
+            return outputs + [c for c, _, _ in conditions], written
+
+        self.program = StorageProgram(specs, pattern, storages, written_in_place, compute)
+        self.argument_storages = self.program.argument_storages
+        self.mutated_storages = self.program.written_storages
+        self.compiled = self.program.jit(self.device_index)
+        spec = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
+        plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
+        self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
+        extras = _device_scalars(scalars, self.device_index) + ([_KEY] if self.random else [])
+        try:
+            # traced now (jit reuses the trace at the first run) for what the program's results are
+            traced = self.compiled.trace(*self.program.avals(extras))
+        except Exception as exc:
+            if self.checked_outputs:
+                # a library lowering's failure is its author's to see, not a reason to run on the CPU
+                raise
+            raise LoweringFailed(self.op, exc) from None
+        self.output_sizes = [math.prod(r.shape) for r in traced.out_info]
+        self.ran = False
+        self.queueable = False  # by adaptive eager, once it has run: its compile is known good
+
+    def run(self, tensors, storages, scalars, generator=None):
+        queue = adaptive.queue
+        if queue.enabled and self.queueable:
+            return self._record(queue, tensors, storages, scalars, generator)
+        if queue.ops and self.mutated_storages:
+            queue.flush()  # the queue may read a buffer this program donates
+        flat = self.program.buffers_of(storages)
+        if scalars:
+            flat += _device_scalars(scalars, self.device_index)
+        if self.random:
+            flat.append(rng.next_key(self.device_index, generator))
+        try:
+            results = self.compiled(*flat)
+        except Exception as exc:
+            memory.raise_if_exhausted(exc, self.device_index)
+            if self.ran or self.checked_outputs:
+                raise
+            # the first call compiles; nothing is donated if that fails
+            raise LoweringFailed(self.op, exc) from None
+        if not self.ran:
+            self.ran = True
+            self.queueable = not self.check_errors  # device-side checks need each op's own results
+        if results:
+            sync.last[self.device_index] = results[-1]
+        return self._outputs(results, tensors, storages)
+
+    def _record(self, queue, tensors, storages, scalars, generator):
+        """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
+        extras = _device_scalars(scalars, self.device_index) if scalars else []
+        if self.random:
+            extras.append(rng.next_key(self.device_index, generator))
+        return self._outputs(queue.record(self, storages, extras), tensors, storages)
+
+    def _outputs(self, results, tensors, storages):
+        if not results:
+            return _build_output(self.plan, tensors, [])
+        device_index = self.device_index
+        n_mutated = len(self.mutated_storages)
+        if n_mutated:
+            for p, buffer in zip(self.mutated_storages, results):
+                storages[p].buffer = buffer
+            results = results[n_mutated:]
+        if self.check_errors:
+            n_checks = len(self.check_errors)
+            pending_checks.add(device_index, self.op, results[-n_checks:], self.check_errors)
+            results = results[:-n_checks]
+        if self.contiguous_output is not None:
+            return new_contiguous_tensor(results[0], *self.contiguous_output, device_index)
+        fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
+        for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
+            views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
+        return _build_output(self.plan, tensors, fresh)
+
+
+# the abstract raw key a random op's program takes (rng.next_key's result)
+_KEY = jax.ShapeDtypeStruct((4,), np.uint32)
+
+
+def _device_scalars(scalars, device_index) -> list:
+    return [device_scalar(s, device_index) for s in scalars]
+
+
+def _factory_device_index(tkwargs) -> int:
+    device = dict(tkwargs).get("device")
+    index = None if device is None else torch.device(device).index
+    return torch.neuron.current_device() if index is None else index
+
+
+def _check_no_internal_overlap(spec):
+    """PyTorch refuses writes where several elements share one memory location (expanded tensors)."""
+    shape, stride = spec[0], spec[1]
+    if any(size > 1 and st == 0 for size, st in zip(shape, stride)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
+
+
+def _check_inplace_shapes(func, changes):
+    """Meta kernels built from PyTorch's refs resize `self` where the CPU kernel of an in-place op refuses."""
+    if registry.is_out(func) or "resize" in func._schema.name:
+        return
+    for old, new in changes:
+        if tuple(old) != tuple(new):
+            raise RuntimeError(f"output with shape {list(old)} doesn't match the broadcast shape {list(new)}")
+
+
+def _position(func, name) -> int:
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == name:
+            return i
+    raise KeyError(name)
+
+
+def _output_plan(meta_out, by_identity, fresh):
+    if isinstance(meta_out, torch.Tensor):
+        i = by_identity.get(id(meta_out))
+        if i is not None:
+            return ("arg", i)
+        fresh.append(meta_out)
+        return ("new", len(fresh) - 1)
+    if isinstance(meta_out, (tuple, list)):
+        return (type(meta_out), [_output_plan(m, by_identity, fresh) for m in meta_out])
+    return ("const", meta_out)
+
+
+def _build_output(plan, tensors, fresh):
+    kind, value = plan
+    if kind == "arg":
+        return tensors[value]
+    if kind == "new":
+        return fresh[value]
+    if kind == "const":
+        return value
+    return kind(_build_output(p, tensors, fresh) for p in value)
+
+
+def _materialize(value, spec):
+    """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
+    shape, stride, offset, dtype = spec
+    value = jax.numpy.broadcast_to(convert(value, to_jax(dtype)), shape)
+    if offset == 0 and layout.is_contiguous(shape, stride):
+        return value.reshape(-1)
+    numel = layout.storage_extent(shape, stride, offset)
+    return layout.write(jax.numpy.zeros((numel,), value.dtype), value, shape, stride, offset)

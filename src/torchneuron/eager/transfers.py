@@ -1,0 +1,50 @@
+"""Tensors between the host and the device, and between devices."""
+import torch
+
+from ..runtime import pending_checks, transfer
+from ..runtime.layout import covers_storage
+from ..runtime.tensor import NeuronTensor, wrap_buffer
+
+aten = torch.ops.aten
+
+
+def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
+    """A new contiguous neuron tensor holding a CPU tensor's values."""
+    return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, device_index)
+
+
+def row_major_buffer(tensor: NeuronTensor):
+    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one)."""
+    if not is_whole_storage(tensor):
+        tensor = aten.clone.default(tensor, memory_format=torch.contiguous_format)
+    return tensor._storage.buffer
+
+
+def to_host(tensor: NeuronTensor) -> torch.Tensor:
+    """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
+    pending_checks.raise_failures(tensor.device.index)
+    return transfer.device_to_host(row_major_buffer(tensor), tensor.dtype).reshape(tensor.shape)
+
+
+def is_whole_storage(t: NeuronTensor) -> bool:
+    shape, stride, offset, dtype, _ = t._spec
+    return dtype == t._storage.dtype and covers_storage(shape, stride, offset, t._storage.numel)
+
+
+def bring_to_device(tensors: list) -> None:
+    """Replace 0-dim CPU tensors (which PyTorch lets mix with device tensors) by neuron copies."""
+    device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
+    for i, t in enumerate(tensors):
+        if type(t) is NeuronTensor:
+            continue
+        if t.device.type == "cpu" and t.dim() == 0:
+            tensors[i] = from_host(t, device_index)
+        else:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"neuron:{device_index} and {t.device}!"
+            )
+
+
+def move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
+    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, device_index)

@@ -1,0 +1,62 @@
+"""The storage program: how every executable meets the storages it reads and writes.
+
+Eager op executables, adaptive eager's fused queues (which inline them) and compiled graphs all run
+one kind of program: read each input tensor through its view of a flat storage buffer, compute, write
+the new values of the inputs the computation mutates back through their views, and return the written
+storages' new buffers (the old ones are donated) followed by the computation's own results. Only the
+computation differs (an op's lowering, a graph), so it is the one thing a caller gives.
+"""
+import jax
+from jax.sharding import SingleDeviceSharding
+
+from . import layout
+from .dtypes import to_jax
+from .platform import jax_device
+from .storage import Pending
+
+
+class StorageProgram:
+    """`compute(values, extras) -> (results, written)`: `values` are the input tensors' arrays, `extras`
+    the arguments that are not storages (traced scalars, a PRNG key), `written` maps the index of each
+    input in `mutated_inputs` to its new value.
+
+    Called as `function(*buffers, *extras)` with `buffers` from `buffers_of(storages)`: flat positional
+    arguments, jit's fast path (no pytree work); the first `len(written_storages)` are donated.
+    """
+
+    def __init__(self, specs, pattern, storages, mutated_inputs, compute):
+        self.written_storages = written = sorted({pattern[i] for i in mutated_inputs})
+        self.argument_storages = written + [p for p in range(len(storages)) if p not in written]
+        self.storage_avals = [jax.ShapeDtypeStruct((storages[p].numel,), to_jax(storages[p].dtype))
+                              for p in self.argument_storages]
+        storage_dtypes = [s.dtype for s in storages]
+        argument_storages, n_buffers = self.argument_storages, len(self.argument_storages)
+
+        def function(*flat):
+            buffers = dict(zip(argument_storages, flat[:n_buffers]))
+            values = [layout.read_view(buffers[p], spec) for spec, p in zip(specs, pattern)]
+            results, new_values = compute(values, flat[n_buffers:])
+            for i in mutated_inputs:
+                p = pattern[i]
+                buffers[p] = layout.write_view(buffers[p], new_values[i], specs[i], storage_dtypes[p])
+            return (*[buffers[p] for p in written], *results)
+
+        self.function = function
+
+    def jit(self, device_index: int):
+        # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
+        # land on JAX's default device
+        return jax.jit(self.function, donate_argnums=tuple(range(len(self.written_storages))),
+                       out_shardings=SingleDeviceSharding(jax_device(device_index)))
+
+    def avals(self, extras) -> list:
+        """Arguments for tracing: the storages' buffers as abstract values, then `extras` as given."""
+        return [*self.storage_avals, *extras]
+
+    def buffers_of(self, storages) -> list:
+        """The storages' current buffers in argument order (each op's path: the plain case read directly)."""
+        flat = []
+        for p in self.argument_storages:
+            buffer = storages[p]._buffer
+            flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
+        return flat
