@@ -1,69 +1,73 @@
-"""Compiled graphs persisted on disk, so a second process loads executables instead of compiling.
+"""Compiled graphs on disk, keyed by the FX graph itself, so a warm start neither traces nor compiles them.
 
-Entries are serialized XLA executables keyed by the program's StableHLO text,
-the device it runs on, and the jax, jaxlib and torch versions (the directory
-name carries the versions and platform, so an upgrade starts a fresh cache).
-TORCHNEURON_CACHE_DIR moves the cache (default ~/.cache/torchneuron, or
-$XDG_CACHE_HOME/torchneuron); TORCHNEURON_COMPILE_CACHE=0 turns it off.
+An entry is a graph's serialized XLA executable with what tracing it told (which outputs are arrays,
+and the values fixed for its signature), keyed by the graph's code and constants, the input signature,
+the device, and the torchneuron source (a changed lowering is a new key). Its directory, and how to turn
+it off, are the runtime's compilation cache's (runtime/compilation_cache.py): executables the graph cache
+misses still go through JAX's persistent cache there.
 """
 import functools
 import hashlib
 import os
+import pathlib
 import pickle
 import tempfile
 
-import jax
-import jaxlib
 import torch
 from jax.experimental import serialize_executable
 
-from ..runtime.platform import jax_device
+from ..runtime import compilation_cache
+from ..runtime.platform import jax_device, platform_name
 from .stats import counters
 
 
-def enabled() -> bool:
-    return os.environ.get("TORCHNEURON_COMPILE_CACHE", "1") != "0"
-
-
-def root() -> str:
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torchneuron")
-    return os.environ.get("TORCHNEURON_CACHE_DIR", default)
-
-
 @functools.cache
-def _versions() -> str:
-    platform = jax.devices()[0].platform
-    return f"jax-{jax.__version__}_jaxlib-{jaxlib.__version__}_torch-{torch.__version__}_{platform}"
+def _source_digest() -> str:
+    """The torchneuron source the graph's lowering came from."""
+    digest = hashlib.sha256()
+    package = pathlib.Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
-def directory() -> str:
-    return os.path.join(root(), "compiled", _versions())
-
-
-def _path(lowered, device) -> str:
+def path_for(gm: torch.fx.GraphModule, signature, device: int):
+    """Where the graph's entry for this input signature lives (None with the cache off)."""
+    if not compilation_cache.enabled():
+        return None
     digest = hashlib.sha256()
     # the PJRT device, not the neuron index: processes sharing a runtime (torch.distributed) share the
     # cache directory, and each one's executable is loaded onto the device it was compiled for
-    digest.update(f"{_versions()}|{jax_device(device)}|".encode())
-    digest.update(lowered.as_text().encode())
-    return os.path.join(directory(), digest.hexdigest() + ".xla")
+    for part in (_source_digest(), str(jax_device(device)), gm.code, repr(signature)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes() if isinstance(value, torch.Tensor)
+                          else repr(value).encode())
+    return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
 
 
-def compile_lowered(lowered, device):
-    """The executable for `lowered`: loaded from the disk cache when present, else compiled (and stored)."""
-    path = _path(lowered, device) if enabled() else None
-    if path is not None and os.path.exists(path):
-        with open(path, "rb") as f:
-            payload, in_tree, out_tree = pickle.load(f)
-        counters["disk_cache_hits"] += 1
-        # on its own device: by default a loaded executable expects one argument shard per local device
-        return serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, execution_devices=[jax_device(device)]
-        )
+def load(path, device: int):
+    """(executable, what its tracing told) from the entry at `path`, or None."""
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        payload, in_tree, out_tree, traced = pickle.load(f)
+    counters["disk_cache_hits"] += 1
+    # on its own device: by default a loaded executable expects one argument shard per local device
+    executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                           execution_devices=[jax_device(device)])
+    return executable, traced
+
+
+def compile_and_store(path, lowered, traced):
+    """Compile `lowered`, and store it with `traced` at `path` (if any)."""
     counters["xla_compiles"] += 1
     compiled = lowered.compile()
     if path is not None:
-        _store(path, serialize_executable.serialize(compiled))
+        _store(path, (*serialize_executable.serialize(compiled), traced))
     return compiled
 
 

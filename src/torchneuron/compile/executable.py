@@ -64,7 +64,7 @@ class CompiledGraph:
             counters["specialisations"] += 1
             if self.specialisations:
                 counters["recompiles"] += 1
-            program = self.specialisations[key] = _Program(self, args, positions, storages, pattern)
+            program = self.specialisations[key] = _Program(self, args, positions, storages, pattern, key)
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
 
 
@@ -111,7 +111,7 @@ def _distinct_storages(tensors):
 class _Program:
     """The storage program for one input signature, and how to turn its results into tensors."""
 
-    def __init__(self, graph: CompiledGraph, args, positions, storages, pattern):
+    def __init__(self, graph: CompiledGraph, args, positions, storages, pattern, signature):
         specs = [args[i]._spec for i in positions]
         devices = {spec[4] for spec in specs}
         if len(devices) > 1:
@@ -119,10 +119,9 @@ class _Program:
         self.device_index = devices.pop() if devices else graph.default_device
         self.random = graph.random
         self.sources = graph.out_sources
-        # found when the program is traced, below: outputs that are arrays (with their shapes), and the
-        # rest, fixed for this signature (symbolic sizes saved for the backward, None gradients)
-        self.array_outputs = array_outputs = []
-        self.constants = constants = {}
+        # what tracing tells: outputs that are arrays (with their shapes), and the rest, fixed for this
+        # signature (symbolic sizes saved for the backward, None gradients)
+        array_outputs, constants = [], {}
         statics, gm, sources = list(args), graph.gm, graph.out_sources
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
@@ -143,10 +142,16 @@ class _Program:
             return arrays, {k: finals[positions[k]] for k in mutated_inputs}
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute)
+        path = disk_cache.path_for(gm, signature, self.device_index)
+        loaded = disk_cache.load(path, self.device_index)
+        if loaded is not None:
+            self.compiled, (self.array_outputs, self.constants) = loaded
+            return
         # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
         extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
         lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
-        self.compiled = disk_cache.compile_lowered(lowered, self.device_index)
+        self.array_outputs, self.constants = array_outputs, constants
+        self.compiled = disk_cache.compile_and_store(path, lowered, (array_outputs, constants))
 
     def run(self, args, storages):
         adaptive.flush()  # queued ops come first, and may read buffers this program donates

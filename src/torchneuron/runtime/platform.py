@@ -24,6 +24,7 @@ import jax
 from jax._src import xla_bridge
 
 from ..native import _C as native
+from . import compilation_cache
 
 PLATFORM_ENV = "TORCHNEURON_PLATFORM"
 CPU_DEVICES_ENV = "TORCHNEURON_CPU_DEVICES"
@@ -124,6 +125,7 @@ def _join_under_torchrun() -> None:
 def devices() -> tuple:
     """The neuron devices by index; None where the index is a peer process's device."""
     name = platform_name()
+    compilation_cache.configure_jax(name)
     _join_under_torchrun()
     if name == "cpu":
         _set_cpu_device_count(os.environ.get(CPU_DEVICES_ENV))
