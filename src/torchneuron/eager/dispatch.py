@@ -19,7 +19,7 @@ from ..ops import checks, registry
 from ..ops.graph import lowering_for
 from ..runtime import layout, memory, pending_checks, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import convert, to_jax
+from ..runtime.dtypes import UnsupportedDtype, convert, to_jax
 from ..runtime.platform import jax_device
 from ..runtime.transfer import device_scalar
 from ..runtime.storage import Pending, Storage
@@ -280,8 +280,9 @@ class Executable:
             results = self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
-            if self.traced or self.op in registry.CHECKED_OUTPUTS:
-                # a library lowering's failure is its author's to see, not a reason to run on the CPU
+            if self.traced or self.op in registry.CHECKED_OUTPUTS or isinstance(exc, UnsupportedDtype):
+                # a library lowering's failure is its author's to see, and a dtype neuron cannot hold stays
+                # unsupported on the CPU too: neither is a reason to run on the CPU
                 raise
             # the first call traces and compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None

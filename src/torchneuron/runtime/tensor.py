@@ -6,6 +6,7 @@ import torch
 
 from ..native import _C as native
 from . import memory
+from .dtypes import check_supported
 from .layout import contiguous_strides
 from .storage import Storage
 
@@ -132,6 +133,7 @@ def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
+    check_supported(dtype)
     numel = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
     if buffer is None:
         memory.check_fits(numel * dtype.itemsize, device_index)
