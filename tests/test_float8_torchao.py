@@ -1,0 +1,62 @@
+"""torchao's float8 training (convert_to_float8_training) on neuron, eager and compiled, against the CPU."""
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torchneuron import compile as neuron_compile
+from torchneuron.eager import fallback
+
+pytest.importorskip("torchao", reason="torchao is not installed (pip install torchneuron[fp8])")
+from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
+from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+
+# torchao's test/float8/test_compile.py compares float8 outputs within these
+TORCHAO_TOLERANCE = dict(atol=9.5e-2, rtol=9.5e-2)
+STEPS = 3
+
+
+def _train(device, recipe, compiled=False):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).to(torch.bfloat16)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
+    assert all(isinstance(model[i], Float8Linear) for i in (0, 2))
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, generator=generator).to(device)
+    target = torch.randn(32, 32, generator=generator).to(device)
+
+    def loss_of(x):
+        return nn.functional.mse_loss(model(x).float(), target)
+
+    if compiled:
+        loss_of = torch.compile(loss_of, backend="neuron", fullgraph=True)
+    losses = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        loss = loss_of(x)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return torch.tensor(losses), model[0].weight.detach().cpu()
+
+
+@pytest.mark.parametrize(
+    "recipe, compiled",
+    [("tensorwise", False), ("tensorwise", True), ("rowwise", True)],
+    ids=["tensorwise-eager", "tensorwise-compiled", "rowwise-compiled"],
+)
+def test_float8_training_matches_the_cpu(recipe, compiled):
+    expected_losses, expected_weight = _train("cpu", recipe)
+    neuron_compile.reset()
+    with fallback.as_error(), mock.patch("torch._scaled_mm", wraps=torch._scaled_mm) as scaled_mm:
+        losses, weight = _train("neuron", recipe, compiled)
+    if compiled:
+        assert neuron_compile.report()["eager_ops"] == {}  # every op, _scaled_mm included, in the XLA programs
+    else:
+        assert scaled_mm.call_count == 3 * 2 * STEPS  # each Float8Linear: forward, grad_input, grad_weight
+    assert losses[-1] < losses[0]
+    torch.testing.assert_close(losses, expected_losses, **TORCHAO_TOLERANCE)
+    torch.testing.assert_close(weight, expected_weight, **TORCHAO_TOLERANCE)
