@@ -1,4 +1,6 @@
 """torchao's float8 training (convert_to_float8_training) on neuron, eager and compiled, against the CPU."""
+import re
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -15,6 +17,7 @@ from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 # torchao's test/float8/test_compile.py compares float8 outputs within these
 TORCHAO_TOLERANCE = dict(atol=9.5e-2, rtol=9.5e-2)
 STEPS = 3
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(device, recipe, compiled=False):
@@ -60,3 +63,13 @@ def test_float8_training_matches_the_cpu(recipe, compiled):
     assert losses[-1] < losses[0]
     torch.testing.assert_close(losses, expected_losses, **TORCHAO_TOLERANCE)
     torch.testing.assert_close(weight, expected_weight, **TORCHAO_TOLERANCE)
+
+
+def test_the_fp8_tutorial_runs_as_written(capsys):
+    """docs/extending.md's FP8 section: its python blocks, in order (they register nothing global)."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text[text.index("## FP8"):], re.S)
+    assert len(blocks) == 2
+    exec(compile("\n".join(blocks), "docs/extending.md#fp8", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "torch.bfloat16 torch.Size([16, 24])" and float(lines[1]) > 0
