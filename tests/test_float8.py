@@ -159,6 +159,26 @@ def test_float8_conversions_saturate_as_on_the_cpu_in_every_mode(mode, source):
         assert torch.equal(g.cpu().nan_to_num(7.0), e)
 
 
+@pytest.mark.parametrize("mode", ["eager", "compiled", "adaptive"])
+@pytest.mark.parametrize("float8", [E4M3, E5M2])
+def test_float8_products_round_and_saturate_as_on_the_cpu(mode, float8):
+    """The CPU multiplies float8 in float32 and rounds (saturating) once; XLA's e4m3fn arithmetic gives nan."""
+    x = torch.tensor([1.5, -448.0, 300.0, 0.5, 2.0**-6, 57344.0]).to(float8)
+    y = torch.tensor([3.0, -448.0, 300.0, 0.25, 2.0**-6, 2.0]).to(float8)
+
+    def f(x, y):
+        return x * y
+
+    expected = f(x, y).float()
+    args = _to("neuron", x, y)
+    if mode == "compiled":
+        got = torch.compile(f, backend="neuron")(*args)
+    else:
+        with torch.neuron.adaptive_eager(mode == "adaptive"):
+            got = f(*args)
+    assert got.dtype == float8 and torch.equal(got.float().cpu(), expected)
+
+
 UNSUPPORTED = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2,
                torch.complex32]
 PATHS = {
