@@ -78,6 +78,32 @@ def test_scaled_mm_with_fast_accumulation_and_a_row_major_mat2_computes_the_same
                expected)
 
 
+@pytest.mark.parametrize("out", ["empty", "wrong-shape", "wrong-dtype"])
+def test_scaled_mm_out_behaves_as_on_the_cpu(out):
+    a, b = _operands()
+    scale_a, scale_b = _scales("tensorwise")
+    make = {"empty": lambda d: torch.empty(0, dtype=torch.bfloat16, device=d),
+            "wrong-shape": lambda d: torch.empty(3, 3, dtype=torch.bfloat16, device=d),
+            "wrong-dtype": lambda d: torch.empty(M, N, dtype=torch.float32, device=d)}[out]
+    results = []
+    for device in ("cpu", "neuron"):
+        target = make(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                returned = torch._scaled_mm(*_to(device, a, b, scale_a, scale_b), out_dtype=torch.bfloat16, out=target)
+                assert returned is target
+                results.append((target.cpu(), [str(w.message)[:40] for w in caught]))
+            except ValueError as error:
+                results.append(str(error))
+    (on_cpu, on_neuron) = results
+    if isinstance(on_cpu, str):
+        assert on_neuron == on_cpu
+    else:
+        _close(on_neuron[0], on_cpu[0])
+        assert on_neuron[1] == on_cpu[1]  # the resize warning
+
+
 def test_scaled_mm_saturates_float8_results_as_the_cpu_does():
     big = torch.full((M, K), 448.0).to(E4M3)
     b = torch.full((N, K), 448.0).to(E4M3).t()

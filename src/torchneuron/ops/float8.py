@@ -3,14 +3,16 @@
 The CPU (and this lowering) dequantises both operands to float32 with their scales (one per tensor, or
 one per row of `self` and per column of `mat2`), multiplies in float32, adds the bias, divides by
 `scale_result` for a float8 result, and converts to `out_dtype` (saturating to e4m3fn as conversions
-do). `use_fast_accum` changes nothing here. XLA's GPU compiler recognises this dequantise-then-dot
-pattern and runs it as an FP8 GEMM.
+do). `use_fast_accum` changes nothing here. The dequantise-then-dot form is the one XLA's GPU compiler
+rewrites into an FP8 GEMM (not checked on a GPU yet).
 """
 import jax.numpy as jnp
 from jax import lax
 import torch
+from torch._prims_common.wrappers import _maybe_resize_out
 
 from ..runtime.dtypes import convert, to_jax
+from . import registry
 from .registry import lower
 
 aten = torch.ops.aten
@@ -64,6 +66,14 @@ def scaled_mm_meta(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dty
         if bias.dtype in FLOAT8:
             raise RuntimeError(f"Promotion for Float8 Types is not supported, attempted to promote Float and {_name(bias)}")
     return torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype, device="meta")
+
+
+def scaled_mm_out_meta(*args, out, **kwargs):
+    """PyTorch has no meta kernel for the out= overload: `out` resized to the result, as the CPU does."""
+    return _maybe_resize_out(out, scaled_mm_meta(*args, **kwargs).shape)
+
+
+registry.META[aten._scaled_mm.out] = scaled_mm_out_meta
 
 
 @lower(aten._scaled_mm, meta=scaled_mm_meta)
