@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from torchneuron import compile as neuron_compile
-from torchneuron.eager import fallback
+from torchneuron.eager import adaptive, fallback
 
 pytest.importorskip("torchao", reason="torchao is not installed (pip install torchneuron[fp8])")
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
@@ -47,19 +47,23 @@ def _train(device, recipe, compiled=False):
 
 
 @pytest.mark.parametrize(
-    "recipe, compiled",
-    [("tensorwise", False), ("tensorwise", True), ("rowwise", True)],
-    ids=["tensorwise-eager", "tensorwise-compiled", "rowwise-compiled"],
+    "recipe, mode",
+    [("tensorwise", "eager"), ("tensorwise", "adaptive"), ("tensorwise", "compiled"), ("rowwise", "compiled")],
+    ids=["tensorwise-eager", "tensorwise-adaptive", "tensorwise-compiled", "rowwise-compiled"],
 )
-def test_float8_training_matches_the_cpu(recipe, compiled):
+def test_float8_training_matches_the_cpu(recipe, mode):
     expected_losses, expected_weight = _train("cpu", recipe)
     neuron_compile.reset()
-    with fallback.as_error(), mock.patch("torch._scaled_mm", wraps=torch._scaled_mm) as scaled_mm:
+    compiled = mode == "compiled"
+    fused_before = adaptive.stats()["ops_fused"]
+    with fallback.as_error(), mock.patch("torch._scaled_mm", wraps=torch._scaled_mm) as scaled_mm, \
+            torch.neuron.adaptive_eager(mode == "adaptive"):
         losses, weight = _train("neuron", recipe, compiled)
     if compiled:
         assert neuron_compile.report()["eager_ops"] == {}  # every op, _scaled_mm included, in the XLA programs
     else:
         assert scaled_mm.call_count == 3 * 2 * STEPS  # each Float8Linear: forward, grad_input, grad_weight
+    assert (adaptive.stats()["ops_fused"] > fused_before) == (mode == "adaptive")
     assert losses[-1] < losses[0]
     torch.testing.assert_close(losses, expected_losses, **TORCHAO_TOLERANCE)
     torch.testing.assert_close(weight, expected_weight, **TORCHAO_TOLERANCE)
