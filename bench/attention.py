@@ -79,7 +79,8 @@ def run_config(sizes, length, mode, path) -> dict:
             torch.neuron.synchronize()
         peak = torch.neuron.max_memory_allocated()
         timings = {}
-        for name, fn in (("forward", lambda: forward(q, k, v)), ("forward+backward", lambda: forward_backward(q, k, v, grad))):
+        steps = {"forward": lambda: forward(q, k, v), "forward+backward": lambda: forward_backward(q, k, v, grad)}
+        for name, fn in steps.items():
             timings[name] = measure(fn, "neuron", inner=1, repeats=sizes["repeats"], warmup=1)["min"]
     return {"S": length, "mode": mode, "path": path, "forward_ms": 1000 * timings["forward"],
             "forward_backward_ms": 1000 * timings["forward+backward"], "peak_tensors_mib": peak / MiB,

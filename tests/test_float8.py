@@ -45,6 +45,7 @@ CASES = [
     ("tensorwise", E5M2, E4M3, torch.float32, None, None),
     ("tensorwise", E4M3, E4M3, None, None, None),
     ("tensorwise", E4M3, E4M3, E4M3, None, 4.0),
+    ("tensorwise", E4M3, E4M3, None, None, 0.5),
     ("tensorwise", E5M2, E5M2, E5M2, None, 0.25),
     ("rowwise", E4M3, E4M3, torch.bfloat16, None, None),
     ("rowwise", E4M3, E4M3, torch.float32, torch.float32, None),

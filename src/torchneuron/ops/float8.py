@@ -2,7 +2,7 @@
 
 The CPU (and this lowering) dequantises both operands to float32 with their scales (one per tensor, or
 one per row of `self` and per column of `mat2`), multiplies in float32, adds the bias, divides by
-`scale_result` for a float8 result, and converts to `out_dtype` (saturating to e4m3fn as conversions
+`scale_result` for a float8 `out_dtype`, and converts to `out_dtype` (saturating to e4m3fn as conversions
 do). `use_fast_accum` changes nothing here. The dequantise-then-dot form is the one XLA's GPU compiler
 rewrites into an FP8 GEMM (not checked on a GPU yet).
 """
@@ -11,13 +11,12 @@ from jax import lax
 import torch
 from torch._prims_common.wrappers import _maybe_resize_out
 
-from ..runtime.dtypes import convert, to_jax
+from ..runtime.dtypes import FLOAT8, convert, to_jax
 from . import registry
+from .promotion import scalar_type_name
 from .registry import lower
 
 aten = torch.ops.aten
-
-FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _scaling(a, b, scale_a, scale_b) -> str:
@@ -29,20 +28,16 @@ def _scaling(a, b, scale_a, scale_b) -> str:
         if (tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n)
                 and scale_a.is_contiguous() and scale_b.is_contiguous()):
             return "rowwise"
+    a_name, b_name, sa_name, sb_name = (scalar_type_name(t.dtype) for t in (a, b, scale_a, scale_b))
     raise ValueError(
         "Invalid scaling configuration.\n"
         "- For TensorWise scaling, a and b should be float8, scales should be float and singletons.\n"
         f"- For RowWise scaling, a and b should be float8, scales should be float, scale_a should be ({m}, 1) "
         f"and scale_b should be (1, {n}), and both should be contiguous.\n"
-        f"Got mat_a.dtype()={_name(a)}, scale_a.dtype()={_name(scale_a)}, scale_a.size()={list(scale_a.shape)}, "
-        f"scale_a.stride()={list(scale_a.stride())}, mat_b.dtype()={_name(b)}, scale_b.dtype()={_name(scale_b)}, "
+        f"Got mat_a.dtype()={a_name}, scale_a.dtype()={sa_name}, scale_a.size()={list(scale_a.shape)}, "
+        f"scale_a.stride()={list(scale_a.stride())}, mat_b.dtype()={b_name}, scale_b.dtype()={sb_name}, "
         f"scale_b.size()={list(scale_b.shape)} and scale_b.stride()={list(scale_b.stride())}"
     )
-
-
-def _name(t) -> str:
-    """c10's name of the tensor's dtype (Float, Float8_e4m3fn), as the CPU's messages write it."""
-    return torch.empty(0, dtype=t.dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
 def scaled_mm_meta(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
@@ -64,7 +59,8 @@ def scaled_mm_meta(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dty
         if bias.numel() != b.shape[1]:
             raise RuntimeError(f"Bias must be size {b.shape[1]} but got {bias.numel()}")
         if bias.dtype in FLOAT8:
-            raise RuntimeError(f"Promotion for Float8 Types is not supported, attempted to promote Float and {_name(bias)}")
+            raise RuntimeError("Promotion for Float8 Types is not supported, attempted to promote Float and "
+                               f"{scalar_type_name(bias.dtype)}")
     return torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype, device="meta")
 
 
@@ -78,12 +74,12 @@ registry.META[aten._scaled_mm.out] = scaled_mm_out_meta
 
 @lower(aten._scaled_mm, meta=scaled_mm_meta)
 def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
-    out_dtype = to_jax(out_dtype) if out_dtype is not None else a.dtype
+    result_dtype = to_jax(out_dtype) if out_dtype is not None else a.dtype
     a = a.astype(jnp.float32) * scale_a.reshape(-1, 1)  # a tensorwise scale broadcasts as one row's
     b = b.astype(jnp.float32) * scale_b.reshape(1, -1)
     out = jnp.matmul(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     if bias is not None:
         out = out + bias.astype(jnp.float32)
-    if scale_result is not None and out_dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+    if scale_result is not None and out_dtype in FLOAT8:  # the CPU ignores it unless out_dtype is given
         out = out * (1 / scale_result.astype(jnp.float32).reshape(()))
-    return convert(out, out_dtype)
+    return convert(out, result_dtype)

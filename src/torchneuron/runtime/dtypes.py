@@ -24,6 +24,7 @@ _TORCH_TO_JAX = {
     torch.float8_e5m2: jnp.float8_e5m2,
 }
 _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # numpy cannot hold these, so host transfers reinterpret their bits.
 _BITCAST_FOR_HOST = {
@@ -37,9 +38,9 @@ class UnsupportedDtype(NotImplementedError):
     """A dtype no neuron tensor can hold: raised wherever one would be made, never a CPU fallback."""
 
     def __init__(self, dtype):
-        float8 = ", ".join(str(d) for d in _TORCH_TO_JAX if d.is_floating_point and d.itemsize == 1)
         super().__init__(
-            f"torchneuron: dtype {dtype} is not supported on the neuron device (its float8 dtypes are {float8}); "
+            f"torchneuron: dtype {dtype} is not supported on the neuron device (its float8 dtypes are "
+            f"{', '.join(map(str, FLOAT8))}); "
             "please report it at the project's issue tracker if you need it"
         )
 
