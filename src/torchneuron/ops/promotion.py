@@ -43,7 +43,6 @@ def dtypes(*values, kind=DEFAULT):
     return to_jax(compute), to_jax(result)
 
 
-
 def cast(value, dtype):
     if is_array(value):
         return convert(value, dtype) if value.dtype != dtype else value

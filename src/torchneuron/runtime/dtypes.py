@@ -39,9 +39,8 @@ class UnsupportedDtype(NotImplementedError):
 
     def __init__(self, dtype):
         super().__init__(
-            f"torchneuron: dtype {dtype} is not supported on the neuron device (its float8 dtypes are "
-            f"{', '.join(map(str, FLOAT8))}); "
-            "please report it at the project's issue tracker if you need it"
+            f"torchneuron: dtype {dtype} is not supported on the neuron device (of the 8-bit floats it holds "
+            f"{' and '.join(map(str, FLOAT8))}); please report it at the project's issue tracker if you need it"
         )
 
 
