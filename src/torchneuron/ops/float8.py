@@ -11,7 +11,7 @@ from jax import lax
 import torch
 from torch._prims_common.wrappers import _maybe_resize_out
 
-from ..runtime.dtypes import FLOAT8, convert, to_jax
+from ..runtime.dtypes import FLOAT8, convert, to_jax, to_torch
 from . import registry
 from .promotion import scalar_type_name
 from .registry import lower
@@ -72,8 +72,15 @@ def scaled_mm_out_meta(*args, out, **kwargs):
 registry.META[aten._scaled_mm.out] = scaled_mm_out_meta
 
 
+def _meta(x):
+    return None if x is None else torch.empty(x.shape, dtype=to_torch(x.dtype), device="meta")
+
+
 @lower(aten._scaled_mm, meta=scaled_mm_meta)
 def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    # compiled graphs arrive checked by PyTorch's meta kernel only (CUDA's rules): check as the CPU does,
+    # strides aside (a traced array has none), once per traced signature
+    scaled_mm_meta(*map(_meta, (a, b, scale_a, scale_b, bias, scale_result)), out_dtype)
     result_dtype = to_jax(out_dtype) if out_dtype is not None else a.dtype
     a = a.astype(jnp.float32) * scale_a.reshape(-1, 1)  # a tensorwise scale broadcasts as one row's
     b = b.astype(jnp.float32) * scale_b.reshape(1, -1)
