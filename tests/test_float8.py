@@ -53,7 +53,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("scaling, a_dtype, b_dtype, out_dtype, bias_dtype, scale_result", CASES)
+@pytest.mark.parametrize("scaling, a_dtype, b_dtype, out_dtype, bias_dtype, scale_result", CASES,
+                         ids=["-".join(str(v).removeprefix("torch.") for v in case) for case in CASES])
 def test_scaled_mm_matches_the_cpu_kernel(scaling, a_dtype, b_dtype, out_dtype, bias_dtype, scale_result):
     a, b = _operands(a_dtype, b_dtype)
     scale_a, scale_b = _scales(scaling)
@@ -178,7 +179,7 @@ def test_bad_scaled_mm_calls_raise_the_cpu_error(case, mode):
 
 
 @pytest.mark.parametrize("mode", ["compiled", "adaptive"])
-@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, E5M2])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, E5M2], ids=str)
 def test_float8_conversions_saturate_as_on_the_cpu_in_every_mode(mode, source):
     """e4m3fn has no infinities: the CPU saturates beyond 448 (inf included); e5m2 overflows to inf."""
     x = torch.tensor([464.0, 500.0, 1e30, float("inf"), -float("inf"), float("nan"), -500.0, 2.0**-10, 57344.0])
@@ -198,7 +199,7 @@ def test_float8_conversions_saturate_as_on_the_cpu_in_every_mode(mode, source):
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled", "adaptive"])
-@pytest.mark.parametrize("float8", [E4M3, E5M2])
+@pytest.mark.parametrize("float8", [E4M3, E5M2], ids=str)
 def test_float8_products_round_and_saturate_as_on_the_cpu(mode, float8):
     """The CPU multiplies float8 in float32 and rounds (saturating) once; XLA's e4m3fn arithmetic gives nan."""
     x = torch.tensor([1.5, -448.0, 300.0, 0.5, 2.0**-6, 57344.0]).to(float8)
