@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,3 +27,13 @@ def test_fixed_cost_prints_every_op():
                          check=True, capture_output=True, text=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and ("16x16" in line or "add_" in line)]
     assert len(rows) == 3 and all(len(r.split("|")) == 9 for r in rows), out
+
+
+@pytest.mark.slow
+def test_attention_bench_smoke_runs_every_variant(tmp_path):
+    out = tmp_path / "attention.json"
+    subprocess.run([sys.executable, "-m", "bench.attention", "--smoke", "--json", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["mode"], r["path"]) for r in rows} == {(m, p) for m in ("eager", "compiled") for p in ("fused", "math")}
+    assert all(r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 for r in rows)

@@ -72,6 +72,21 @@ def _(x):
     return x.sum(0)
 
 
+@torch.library.custom_op("torchneuron_ext::wrong_dtype", mutates_args=(), device_types="cpu")
+def wrong_dtype(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@wrong_dtype.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@lowering(torch.ops.torchneuron_ext.wrong_dtype.default)
+def _(x):
+    return x.astype(jnp.int32)
+
+
 class Clipped(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -145,6 +160,17 @@ def test_lowering_disagreeing_with_the_fake_kernel_is_an_error_naming_the_op():
         wrong_shape(x)
     with pytest.raises(RuntimeError, match="wrong_shape"):
         torch.compile(wrong_shape, backend="neuron")(x)
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive", "compile"])
+def test_lowering_returning_another_dtype_than_the_fake_kernel_is_an_error_naming_the_op(mode):
+    x = torch.randn(3, 4, device="neuron")
+    run = torch.compile(wrong_dtype, backend="neuron") if mode == "compile" else wrong_dtype
+    with torch.neuron.adaptive_eager(mode == "adaptive"), pytest.raises(
+        # compiled sizes may be symbolic ([None, None]): the same CustomOpDef.__call__ was compiled before
+        RuntimeError, match=r"wrong_dtype.default returned \(\[3, 4\] int32\).*fake kernel says \(\[.*\] float32\)"
+    ):
+        run(x).cpu()
 
 
 def test_force_cpu_runs_the_cpu_kernel_and_can_be_undone():

@@ -16,7 +16,7 @@ import torch
 from ..ops import checks, registry, rules
 from ..runtime import layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import convert, to_jax
+from ..runtime.dtypes import UnsupportedDtype, convert, to_jax
 from ..runtime.program import StorageProgram
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
@@ -179,8 +179,7 @@ class Executable:
             # traced now (jit reuses the trace at the first run) for what the program's results are
             traced = self.compiled.trace(*self.program.avals(extras))
         except Exception as exc:
-            if self.checked_outputs:
-                # a library lowering's failure is its author's to see, not a reason to run on the CPU
+            if self._is_final(exc):
                 raise
             raise LoweringFailed(self.op, exc) from None
         self.output_sizes = [math.prod(r.shape) for r in traced.out_info]
@@ -202,7 +201,7 @@ class Executable:
             results = self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
-            if self.ran or self.checked_outputs:
+            if self.ran or self._is_final(exc):
                 raise
             # the first call compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None
@@ -212,6 +211,11 @@ class Executable:
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
+
+    def _is_final(self, exc) -> bool:
+        """A failure the CPU must not be tried for: a library lowering's is its author's to see, and an
+        unsupported dtype has no CPU kernel either."""
+        return self.checked_outputs or isinstance(exc, UnsupportedDtype)
 
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""

@@ -2,6 +2,7 @@
 import torch
 
 from ..runtime.cache import ExecutableCache
+from ..runtime.dtypes import check_supported
 from ..runtime.tensor import NeuronTensor, wrap
 from .arguments import fill, template
 
@@ -42,6 +43,8 @@ def view(func, args, kwargs):
         metas = [_meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
         out = func(*fill(targs, metas, scalars), **{k: fill(v, metas, scalars) for k, v in tkwargs})
         specs = [_spec_of(o) for o in out] if isinstance(out, (list, tuple)) else _spec_of(out)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
         _view_cache.put(key, specs)
     storage = source._storage
     if isinstance(specs, list):

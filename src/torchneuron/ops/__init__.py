@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
     fft,
+    float8,
     indexing,
     linalg,
     linalg_factorizations,

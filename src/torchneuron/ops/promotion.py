@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..runtime.dtypes import convert, to_jax, to_torch
+from ..runtime.dtypes import FLOAT8, convert, to_jax, to_torch
 
 DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
@@ -36,6 +36,10 @@ def dtypes(*values, kind=DEFAULT):
     """(computation dtype, result dtype) as JAX dtypes, by PyTorch's rules."""
     examples = [_example(v) for v in values if v is not None]
     compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
+    if compute in FLOAT8:
+        # the CPU computes float8 in float32 and rounds the result with saturation; XLA's float8 arithmetic
+        # overflows e4m3fn to nan. The runtime converts float32 results to the op's dtype, saturating.
+        return jnp.float32, jnp.float32 if result in FLOAT8 else to_jax(result)
     return to_jax(compute), to_jax(result)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 import torch.fx
 
-from ..runtime.dtypes import tensor_to_numpy, to_jax
+from ..runtime.dtypes import convert, tensor_to_numpy, to_jax
 from . import registry
 
 
@@ -163,7 +163,7 @@ def _cast_like(value, meta):
     if isinstance(meta, torch.Tensor) and hasattr(value, "dtype"):
         wanted = to_jax(meta.dtype)
         if value.dtype != wanted:
-            return value.astype(wanted)
+            return convert(value, wanted)
     return value
 
 

@@ -24,6 +24,7 @@ _TORCH_TO_JAX = {
     torch.float8_e5m2: jnp.float8_e5m2,
 }
 _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # numpy cannot hold these, so host transfers reinterpret their bits.
 _BITCAST_FOR_HOST = {
@@ -33,13 +34,26 @@ _BITCAST_FOR_HOST = {
 }
 
 
+class UnsupportedDtype(NotImplementedError):
+    """A dtype no neuron tensor can hold: raised wherever one would be made, never a CPU fallback."""
+
+    def __init__(self, dtype):
+        super().__init__(
+            f"torchneuron: dtype {dtype} is not supported on the neuron device (of the 8-bit floats it holds "
+            f"{' and '.join(map(str, FLOAT8))}); please report it at the project's issue tracker if you need it"
+        )
+
+
 def to_jax(dtype: torch.dtype):
     try:
         return _TORCH_TO_JAX[dtype]
     except KeyError:
-        raise NotImplementedError(
-            f"torchneuron: dtype {dtype} is not supported on the neuron device"
-        ) from None
+        raise UnsupportedDtype(dtype) from None
+
+
+def check_supported(dtype: torch.dtype) -> None:
+    if dtype not in _TORCH_TO_JAX:
+        raise UnsupportedDtype(dtype)
 
 
 # PyTorch saturates conversions to float8_e4m3fn (no infinities) at its largest finite value, inf included;
@@ -60,6 +74,7 @@ def to_torch(dtype) -> torch.dtype:
 
 def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as a numpy array (sharing memory where numpy can)."""
+    check_supported(tensor.dtype)
     tensor = tensor.detach().resolve_conj().resolve_neg()
     if tensor.dtype in _BITCAST_FOR_HOST:
         carrier, np_dtype = _BITCAST_FOR_HOST[tensor.dtype]

@@ -6,6 +6,7 @@ import torch
 
 from ..native import _C as native
 from . import memory
+from .dtypes import check_supported
 from .layout import contiguous_strides, storage_extent
 from .storage import Storage
 
@@ -133,6 +134,7 @@ def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
+    check_supported(dtype)
     numel = storage_extent(shape, stride)
     if buffer is None:
         memory.check_fits(numel * dtype.itemsize, device_index)
