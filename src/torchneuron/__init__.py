@@ -25,6 +25,7 @@ from .runtime.tensor import NeuronTensor  # noqa: E402
 from . import ops  # noqa: E402,F401
 from . import library  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
+from . import profiler  # noqa: E402,F401  (torch.profiler sees neuron work; torch.neuron.memory)
 if torch.distributed.is_available():
     from . import distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 

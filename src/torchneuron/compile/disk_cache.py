@@ -17,6 +17,7 @@ import jaxlib
 import torch
 from jax.experimental import serialize_executable
 
+from ..runtime import events
 from ..runtime.platform import jax_device
 from .stats import counters
 
@@ -52,7 +53,14 @@ def _path(lowered, device) -> str:
 def compile_lowered(lowered, device):
     """The executable for `lowered`: loaded from the disk cache when present, else compiled (and stored)."""
     path = _path(lowered, device) if enabled() else None
-    if path is not None and os.path.exists(path):
+    hit = path is not None and os.path.exists(path)
+    if events.listening:
+        return events.graph_compile(_compile_or_load, (lowered, device, path, hit), _module_name(lowered), hit)
+    return _compile_or_load(lowered, device, path, hit)
+
+
+def _compile_or_load(lowered, device, path, hit):
+    if hit:
         with open(path, "rb") as f:
             payload, in_tree, out_tree = pickle.load(f)
         counters["disk_cache_hits"] += 1
@@ -65,6 +73,12 @@ def compile_lowered(lowered, device):
     if path is not None:
         _store(path, serialize_executable.serialize(compiled))
     return compiled
+
+
+def _module_name(lowered) -> str:
+    """The program's name as XLA knows it (`module @jit_<function name>` heads its text)."""
+    head = lowered.as_text().split("\n", 1)[0]
+    return head.split("@", 1)[-1].split(" ", 1)[0] if "@" in head else "graph"
 
 
 def _store(path, entry) -> None:

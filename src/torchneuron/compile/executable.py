@@ -7,6 +7,8 @@ the old buffers), and returns fresh flat buffers for the outputs. Shapes are
 specialised: a new signature (tensor views, or the values of symbolic-size
 inputs under dynamic=True) builds and counts a new program.
 """
+import hashlib
+
 import jax
 import numpy as np
 import torch
@@ -16,7 +18,7 @@ from ..device import rng
 from ..eager import adaptive, special
 from ..ops import registry
 from ..ops.graph import run_graph_with_inputs
-from ..runtime import layout, sync
+from ..runtime import events, layout, sync
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import disk_cache
 from .stats import counters
@@ -42,6 +44,8 @@ class CompiledGraph:
                             for v in leaves]
         self.default_device = _meta_device(gm)
         self.specialisations = {}
+        # named by content: the name is part of the program's text, which keys the disk cache
+        self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
 
     def __call__(self, args):
         args = list(args)
@@ -63,6 +67,7 @@ class CompiledGraph:
             counters["specialisations"] += 1
             if self.specialisations:
                 counters["recompiles"] += 1
+            if events.listening: events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, pattern)
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
 
@@ -152,6 +157,8 @@ class _Program:
                     constants[j] = value
             return [buffers[p] for p in mutated_storages], arrays
 
+        program.__name__ = program.__qualname__ = self.op = graph.name
+        self.traced = True  # compiled ahead of time, below (events.launch's protocol)
         mutable = [storages[p].buffer for p in mutated_storages]
         readonly = [storages[p].buffer for p in read_storages]
         # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
@@ -163,7 +170,8 @@ class _Program:
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
         mutable = [storages[p].buffer for p in self.mutated_storages]
         readonly = [storages[p].buffer for p in self.read_storages]
-        new_buffers, arrays = self.compiled(mutable, readonly, rng.next_key(self.device_index) if self.random else None)
+        flat = (mutable, readonly, rng.next_key(self.device_index) if self.random else None)
+        new_buffers, arrays = events.launch(self, flat) if events.listening else self.compiled(*flat)
         for launched in (arrays or new_buffers)[-1:]:
             sync.launched(self.device_index, launched)
         for p, buffer in zip(self.mutated_storages, new_buffers):

@@ -17,7 +17,7 @@ from jax.sharding import SingleDeviceSharding
 from ..device import rng
 from ..ops import checks, registry
 from ..ops.graph import lowering_for
-from ..runtime import layout, memory, pending_checks, sync
+from ..runtime import events, layout, memory, pending_checks, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import convert, to_jax
 from ..runtime.platform import jax_device
@@ -36,6 +36,7 @@ def dispatch(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is None:
         handler = _HANDLERS[func] = _choose_handler(func)
+    if events.listening: return events.op(func, handler, args, kwargs)
     return handler(func, args, kwargs)
 
 
@@ -128,6 +129,7 @@ class Compute:
         if entry is None:
             entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
             eager_cache.put(key, entry)
+            if events.listening: events.signature("eager", func, key)
         if entry is fallback.run_on_cpu:
             return fallback.run_on_cpu(func, args, kwargs)
         try:
@@ -252,6 +254,7 @@ class Executable:
         spec = self.fresh_specs[0] if self.plan == ("new", 0) and not self.resized else None
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
+        program.__name__ = program.__qualname__ = executable_name(op.func)
         self.program = program
         # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
         # land on JAX's default device
@@ -277,7 +280,7 @@ class Executable:
         if self.random:
             flat.append(rng.next_key(self.device_index, generator))
         try:
-            results = self.compiled(*flat)
+            results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
             if self.traced or self.op in registry.CHECKED_OUTPUTS:
@@ -319,6 +322,11 @@ class Executable:
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
         return _build_output(self.plan, tensors, fresh)
+
+
+def executable_name(func) -> str:
+    """`aten.add.Tensor` as `add_Tensor`: what XLA and profilers call the op's executable."""
+    return func.name().split("::")[-1].replace(".", "_")
 
 
 def _device_scalars(scalars, device_index) -> list:

@@ -1,0 +1,136 @@
+"""torch.profiler on neuron code: the backend's work as named ranges, memory events, a device track.
+
+While a torch.profiler session runs (patches.py tells `Sessions`), every runtime event becomes a
+record_function range under the ATen op that caused it:
+
+    neuron::<op>             host dispatch of one op on neuron tensors (e.g. neuron::aten.add.Tensor)
+    neuron::compile          an executable's first run: trace and XLA compile (a cache miss)
+    neuron::launch           a cached executable's run (a cache hit)
+    neuron::execute          waiting for the device to finish it: its device time
+    neuron::transfer_h2d/_d2h/_d2d   a transfer, with its bytes (record_shapes=True shows them)
+    neuron::cpu_fallback     an op run on the CPU
+    neuron::adaptive_flush   adaptive eager's fused program, with its op count
+    neuron::graph_compile    a torch.compile graph compiled or loaded from the disk cache
+
+so `key_averages()` sums them. Executables are waited for while a session runs, so their device time is
+measured (and the run is serialised, as CUDA_LAUNCH_BLOCKING would). With profile_memory=True every
+neuron allocation and free reaches the profiler as a PrivateUse1 memory event. With the neuron activity
+(ProfilerActivity.PrivateUse1, named NEURON once the backend is registered) JAX's own profiler records
+the same run, and `export_chrome_trace` adds its XLA events and a per-device track of the executions.
+"""
+import json
+import time
+
+import torch
+from torch._C._profiler import _RecordFunctionFast
+
+from ..native import _C as native
+from ..runtime import events
+from . import jax_trace
+
+_SPAN_NAMES = {
+    "compile": "neuron::compile",
+    "launch": "neuron::launch",
+    "execute": "neuron::execute",
+    "flush": "neuron::adaptive_flush",
+    "graph_compile": "neuron::graph_compile",
+}
+_KEPT_SESSIONS = 4
+
+
+def _op_name(func) -> str:
+    return str(func)
+
+
+class _Session:
+    """The listener of one torch.profiler session."""
+
+    wants_device_time = True
+
+    def __init__(self, with_jax: bool):
+        self.device_spans = []  # (device, name, start ns, end ns) of each execute span, host clock
+        self.jax = jax_trace.JaxTrace() if with_jax else None
+
+    def begin(self, kind, name, details):
+        start = time.time_ns()
+        if kind == "op":
+            record = _RecordFunctionFast(f"neuron::{_op_name(name)}")
+        elif kind == "transfer":
+            record = _RecordFunctionFast(f"neuron::transfer_{name}", (), details)
+        else:
+            record = _RecordFunctionFast(_SPAN_NAMES[kind], (), {"op": _op_name(name), **_simple(details)})
+        record.__enter__()
+        return kind, name, start, record
+
+    def end(self, token, details):
+        kind, name, start, record = token
+        record.__exit__(None, None, None)
+        if kind in ("execute", "flush"):
+            self.device_spans.append((details["device"], _op_name(name), start, time.time_ns()))
+
+    def instant(self, kind, name, details):
+        if kind == "fallback":
+            with _RecordFunctionFast("neuron::cpu_fallback", (), {"op": _op_name(name)}):
+                pass
+        elif kind in ("alloc", "free"):
+            nbytes = name.nbytes if kind == "alloc" else -name.nbytes
+            native.report_memory(name.handle.data_ptr(), nbytes, name.account.allocated, name.device_index)
+
+
+def _simple(details) -> dict:
+    return {k: v for k, v in details.items() if isinstance(v, (int, float, str, bool))}
+
+
+class Sessions:
+    """events.session_handler: one _Session per torch.profiler session, kept until its trace is exported."""
+
+    def __init__(self):
+        self.current = None
+        self.finished = {}  # id(kineto results) -> (results, session); the results kept so ids stay unique
+
+    def start(self, activities, config):
+        neuron = torch.profiler.ProfilerActivity.PrivateUse1
+        self.current = _Session(with_jax=neuron in set(activities))
+        events.listen(self.current)
+        if self.current.jax is not None:
+            self.current.jax.start()
+
+    def stop(self):
+        if self.current is not None:
+            events.stop_listening(self.current)
+            if self.current.jax is not None:
+                self.current.jax.stop()
+
+    def stopped(self, results):
+        if self.current is None:
+            return
+        self.finished[id(results)] = (results, self.current)
+        while len(self.finished) > _KEPT_SESSIONS:
+            self.finished.pop(next(iter(self.finished)))
+        self.current = None
+
+    def exported(self, results, path):
+        found = self.finished.get(id(results))
+        if found is not None and str(path).endswith(".json"):
+            add_device_tracks(path, found[1])
+
+
+def add_device_tracks(path, session: _Session) -> None:
+    """Complete a Chrome trace Kineto wrote with the neuron devices' executions and JAX's trace."""
+    with open(path) as f:
+        trace = json.load(f)
+    base = trace.get("baseTimeNanoseconds", 0)
+    added = []
+    for device, name, start, end in session.device_spans:
+        pid = f"neuron:{device}"
+        added.append({"ph": "X", "cat": "neuron_device", "name": name, "pid": pid, "tid": "executions",
+                      "ts": (start - base) / 1e3, "dur": (end - start) / 1e3})
+    for device in sorted({span[0] for span in session.device_spans}):
+        added.append({"ph": "M", "name": "process_name", "pid": f"neuron:{device}",
+                      "args": {"name": f"neuron:{device} (device time: waits for each execution)"}})
+    if session.jax is not None:
+        added += session.jax.chrome_events(base)
+        trace["torchneuron"] = {"jax_trace_alignment_error_us": session.jax.alignment_error_ns / 1e3}
+    trace["traceEvents"] += added
+    with open(path, "w") as f:
+        json.dump(trace, f)
