@@ -76,9 +76,9 @@ def _compile_or_load(lowered, device, path, hit):
 
 
 def _module_name(lowered) -> str:
-    """The program's name as XLA knows it (`module @jit_<function name>` heads its text)."""
+    """The program's function name (`module @jit_<function name>` heads its text)."""
     head = lowered.as_text().split("\n", 1)[0]
-    return head.split("@", 1)[-1].split(" ", 1)[0] if "@" in head else "graph"
+    return head.split("@jit_", 1)[-1].split(" ", 1)[0] if "@jit_" in head else "graph"
 
 
 def _store(path, entry) -> None:
