@@ -1,9 +1,10 @@
-"""JAX's profiler trace of the same run, as Chrome trace events on the host clock.
+"""JAX's profiler trace of the same run, as Chrome trace events on Kineto's time axis.
 
-jax.profiler records what XLA did (on XLA:CPU the thunks its threads ran, on a GPU the kernels) with
-timestamps of its own origin. An annotation made right after the trace starts is found in the trace
-and ties the two clocks: its time on the host clock is known to within half the time taken to make
-it, which is the alignment error reported (`alignment_error_ns`).
+jax.profiler records what XLA did (on XLA:CPU the thunks its threads ran, on a GPU the kernels) on a
+clock of its own. Right after both profilers start, a few JAX annotations are made, each inside a
+torch.profiler range: the two record the same moment, which ties the clocks. The annotation's middle
+lies within the range, so the alignment error is at most half the range's duration (the tightest of
+the few is used: the first pays for warming up); `alignment_error_us` reports it.
 """
 import glob
 import os
@@ -12,17 +13,18 @@ import tempfile
 import time
 
 import jax
+from torch._C._profiler import _RecordFunctionFast
 
 _ANCHOR = "torchneuron_clock_anchor"
+_TORCH_ANCHOR = "neuron::clock_anchor"
 _ANCHORS = 5
 
 
 class JaxTrace:
     def __init__(self):
         self.directory = None
-        self.anchor_ns = self.anchor_index = None
-        self.alignment_error_ns = None
         self.data = None
+        self.alignment_error_us = None
 
     def start(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="torchneuron_jax_trace_")
@@ -34,17 +36,10 @@ class JaxTrace:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
             return
-        windows = []
         for _ in range(_ANCHORS):
-            before = time.time_ns()
-            with jax.profiler.TraceAnnotation(_ANCHOR):
-                pass
-            windows.append((time.time_ns() - before, before))
-        # the tightest of a few: the first annotation pays for warming up
-        self.anchor_index = windows.index(min(windows))
-        width, before = windows[self.anchor_index]
-        self.anchor_ns = before + width / 2
-        self.alignment_error_ns = width / 2
+            with _RecordFunctionFast(_TORCH_ANCHOR):
+                with jax.profiler.TraceAnnotation(_ANCHOR):
+                    pass
 
     def stop(self) -> None:
         if self.directory is None:
@@ -55,11 +50,11 @@ class JaxTrace:
             self.data = jax.profiler.ProfileData.from_file(files[0])
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def chrome_events(self, base_ns: int) -> list:
-        """The trace's device and XLA-thread events, on Kineto's time axis (`base_ns` its origin)."""
+    def chrome_events(self, torch_events: list) -> list:
+        """The trace's device and XLA-thread events, on the time axis of Kineto's `torch_events`."""
         if self.data is None:
             return []
-        offset = self._offset()
+        offset = self._offset_us(torch_events)
         if offset is None:
             return []
         found = []
@@ -74,17 +69,19 @@ class JaxTrace:
                         continue
                     found.append({
                         "ph": "X", "cat": "xla", "name": event.name, "pid": pid, "tid": line.name,
-                        "ts": (event.start_ns + offset - base_ns) / 1e3, "dur": event.duration_ns / 1e3,
+                        "ts": event.start_ns / 1e3 + offset, "dur": event.duration_ns / 1e3,
                         "args": {k: v for k, v in event.stats if isinstance(v, (int, float, str))},
                     })
         return found
 
-    def _offset(self):
-        """Host clock minus the trace's clock, from the tightest anchor annotation."""
+    def _offset_us(self, torch_events):
+        """Kineto's clock minus JAX's (µs), from the tightest anchor pair."""
+        ranges = sorted((e["ts"], e["dur"]) for e in torch_events if e.get("name") == _TORCH_ANCHOR)
         for plane in self.data.planes:
             for line in plane.lines:
-                anchors = sorted((e.start_ns, e.duration_ns) for e in line.events if e.name == _ANCHOR)
-                if len(anchors) == _ANCHORS:
-                    start, duration = anchors[self.anchor_index]
-                    return self.anchor_ns - (start + duration / 2)
+                anchors = sorted((e.start_ns / 1e3, e.duration_ns / 1e3) for e in line.events if e.name == _ANCHOR)
+                if len(anchors) == len(ranges) == _ANCHORS:
+                    k = min(range(_ANCHORS), key=lambda i: ranges[i][1])
+                    self.alignment_error_us = ranges[k][1] / 2
+                    return ranges[k][0] + ranges[k][1] / 2 - (anchors[k][0] + anchors[k][1] / 2)
         return None

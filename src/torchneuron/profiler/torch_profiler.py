@@ -19,7 +19,6 @@ neuron allocation and free reaches the profiler as a PrivateUse1 memory event. W
 the same run, and `export_chrome_trace` adds its XLA events and a per-device track of the executions.
 """
 import json
-import time
 
 import torch
 from torch._C._profiler import _RecordFunctionFast
@@ -48,11 +47,9 @@ class _Session:
     wants_device_time = True
 
     def __init__(self, with_jax: bool):
-        self.device_spans = []  # (device, name, start ns, end ns) of each execute span, host clock
         self.jax = jax_trace.JaxTrace() if with_jax else None
 
     def begin(self, kind, name, details):
-        start = time.time_ns()
         if kind == "op":
             record = _RecordFunctionFast(f"neuron::{_op_name(name)}")
         elif kind == "transfer":
@@ -60,13 +57,10 @@ class _Session:
         else:
             record = _RecordFunctionFast(_SPAN_NAMES[kind], (), {"op": _op_name(name), **_simple(details)})
         record.__enter__()
-        return kind, name, start, record
+        return record
 
-    def end(self, token, details):
-        kind, name, start, record = token
+    def end(self, record, details):
         record.__exit__(None, None, None)
-        if kind in ("execute", "flush"):
-            self.device_spans.append((details["device"], _op_name(name), start, time.time_ns()))
 
     def instant(self, kind, name, details):
         if kind == "fallback":
@@ -116,21 +110,23 @@ class Sessions:
 
 
 def add_device_tracks(path, session: _Session) -> None:
-    """Complete a Chrome trace Kineto wrote with the neuron devices' executions and JAX's trace."""
+    """Complete a Chrome trace Kineto wrote with a track per neuron device (its executions, named by op or
+    graph, from the neuron::execute ranges) and, when recorded, JAX's trace."""
     with open(path) as f:
         trace = json.load(f)
-    base = trace.get("baseTimeNanoseconds", 0)
-    added = []
-    for device, name, start, end in session.device_spans:
-        pid = f"neuron:{device}"
-        added.append({"ph": "X", "cat": "neuron_device", "name": name, "pid": pid, "tid": "executions",
-                      "ts": (start - base) / 1e3, "dur": (end - start) / 1e3})
-    for device in sorted({span[0] for span in session.device_spans}):
+    added, devices = [], set()
+    for event in trace["traceEvents"]:
+        if event.get("name") == "neuron::execute" and event.get("ph") == "X":
+            device = event["args"].get("device", 0)
+            devices.add(device)
+            added.append({"ph": "X", "cat": "neuron_device", "name": event["args"].get("op", "?"),
+                          "pid": f"neuron:{device}", "tid": "executions", "ts": event["ts"], "dur": event["dur"]})
+    for device in sorted(devices):
         added.append({"ph": "M", "name": "process_name", "pid": f"neuron:{device}",
-                      "args": {"name": f"neuron:{device} (device time: waits for each execution)"}})
+                      "args": {"name": f"neuron:{device} (device time: the wait for each execution)"}})
     if session.jax is not None:
-        added += session.jax.chrome_events(base)
-        trace["torchneuron"] = {"jax_trace_alignment_error_us": session.jax.alignment_error_ns / 1e3}
+        added += session.jax.chrome_events(trace["traceEvents"])
+        trace["torchneuron"] = {"jax_trace_alignment_error_us": session.jax.alignment_error_us}
     trace["traceEvents"] += added
     with open(path, "w") as f:
         json.dump(trace, f)
