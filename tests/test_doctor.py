@@ -77,7 +77,8 @@ def test_report_names_the_planted_recompile_and_its_cause(planted):
     assert "shape x3" in graph_row and f"{script}:16 (<lambda>)" in graph_row
     dynamo = _section(report, "Dynamo recompilations")
     assert dynamo.count("size mismatch at index 0") >= 3
-    assert "RECOMPILE STORM" in report
+    storm = next(line for line in report.splitlines() if line.startswith("RECOMPILE STORM: "))
+    assert "neuron_graph_" in storm and "Dynamo: 3 recompilations" in storm
 
 
 def test_strict_fails_on_fallbacks_and_recompile_storms(planted):
@@ -150,7 +151,7 @@ def test_recompile_causes_shape_dtype_and_strides():
         torch.ones(4, device="neuron", dtype=torch.float64).sigmoid()
         torch.ones(5, 3, device="neuron").sigmoid()
         a.t().sigmoid()
-    causes = [cause for name, cause, _ in collector.recompiles if name == "aten.sigmoid.default"]
+    causes = [cause for name, cause, _, _ in collector.recompiles if name == "aten.sigmoid.default"]
     assert causes[:4] == ["shape", "dtype", "shape", "strides or storage offset"]
 
 

@@ -54,7 +54,9 @@ def run_on_cpu(func, args, kwargs):
         events.fallback(func)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU", stacklevel=3)
+        # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
+        warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU",
+                      stacklevel=5 if events.listening else 3)
     device = None
     copies = {}
 

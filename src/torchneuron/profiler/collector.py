@@ -42,7 +42,7 @@ class Collector:
         self.programs = collections.defaultdict(lambda: [0, 0, 0])  # executable -> [runs, device ns, max ns]
         self.compiles = collections.defaultdict(lambda: [0, 0])  # op or graph -> [compiles, ns]
         self.signatures = collections.defaultdict(list)  # op or graph -> its signatures, in order
-        self.recompiles = []  # (op or graph, cause, call site)
+        self.recompiles = []  # (op or graph, cause, call site, optimizer steps taken before it)
         self.fallbacks = collections.Counter()  # (op, call site) -> calls
         self.transfers = collections.defaultdict(lambda: [0, 0, 0])  # direction -> [count, bytes, ns]
         self.flushes = collections.Counter()  # flushes, ops, compiles
@@ -50,7 +50,7 @@ class Collector:
         self.live = {}  # id(storage) -> (bytes, device, dtype, call site)
         self.peak = 0
         self.largest_at_peak = []
-        self.step_ends = []
+        self.step_ends = []  # seconds since start at the end of each step of an optimizer of neuron parameters
         self.dynamo_recompiles = []
         self.graph_breaks = collections.Counter()
         self._noted_peak = 0
@@ -76,7 +76,8 @@ class Collector:
         self.elapsed_ns = time.perf_counter_ns() - self.started
 
     def _step(self, optimizer, args, kwargs):
-        self.step_ends.append((time.perf_counter_ns() - self.started) / 1e9)
+        if any(p.device.type == "neuron" for group in optimizer.param_groups for p in group["params"][:1]):
+            self.step_ends.append((time.perf_counter_ns() - self.started) / 1e9)
 
     # --- the events protocol -------------------------------------------------------------------------
 
@@ -123,7 +124,8 @@ class Collector:
             name = str(name)
             known = self.signatures[name]
             if known:
-                self.recompiles.append((name, recompile_cause(details["what"], known[-1], details["key"]), call_site()))
+                cause = recompile_cause(details["what"], known[-1], details["key"])
+                self.recompiles.append((name, cause, call_site(), len(self.step_ends)))
             known.append(details["key"])
 
     def _note_memory(self):

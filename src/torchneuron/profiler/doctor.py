@@ -4,7 +4,9 @@ Runs a script as `python script.py args...` would, with the doctor listening, th
 reads in a minute: CPU fallbacks with their call sites, recompilations and their causes, graph breaks,
 the slowest ops and programs, compilations, transfers, the memory peak and the largest live tensors.
 --strict exits 1 when any op fell back to the CPU or an op or graph recompiled more than
---recompile-limit times (for CI); --html writes a self-contained page with plots (needs matplotlib).
+--recompile-limit times after the warm-up (a training loop's first 2 optimizer steps; without steps,
+the whole run), or Dynamo recompiled more than that in all (for CI); --html writes a self-contained
+page with plots (needs matplotlib).
 """
 import argparse
 import os
@@ -35,8 +37,9 @@ def run_script(script: str, args) -> tuple:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchneuron.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 on any CPU fallback or recompile storm")
-    parser.add_argument("--recompile-limit", type=int, default=16,
-                        help="recompilations of one op or graph (or Dynamo's, in all) that make a storm (16)")
+    parser.add_argument("--recompile-limit", type=int, default=8,
+                        help="recompilations of one op or graph after the warm-up (or Dynamo's, in all) that make "
+                             "a storm (8)")
     parser.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report with plots")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)

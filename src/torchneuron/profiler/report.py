@@ -6,16 +6,21 @@ import io
 import statistics
 
 TOP = 10
+# a training loop's first steps build its executables (new shapes, optimizer state): recompiles after them
+# are the costly kind, counted against --recompile-limit
+WARM_UP_STEPS = 2
 
 
 def summarize(c, recompile_limit: int) -> dict:
     """The facts the text and HTML reports show, from a finished Collector."""
     recompiles = collections.defaultdict(collections.Counter)
-    sites = {}
-    for name, cause, site in c.recompiles:
+    sites, after_warm_up = {}, collections.Counter()
+    warm_up = WARM_UP_STEPS if len(c.step_ends) > WARM_UP_STEPS else 0
+    for name, cause, site, steps_before in c.recompiles:
         recompiles[name][cause] += 1
         sites.setdefault(name, site)
-    storms = sorted(name for name, causes in recompiles.items() if sum(causes.values()) > recompile_limit)
+        after_warm_up[name] += steps_before >= warm_up
+    storms = sorted(name for name, n in after_warm_up.items() if n > recompile_limit)
     if len(c.dynamo_recompiles) > recompile_limit:
         storms.append(f"Dynamo: {len(c.dynamo_recompiles)} recompilations")
     steps = [b - a for a, b in zip(c.step_ends, c.step_ends[1:])]
@@ -23,8 +28,9 @@ def summarize(c, recompile_limit: int) -> dict:
         "elapsed_s": c.elapsed_ns / 1e9,
         "steps": steps,
         "fallbacks": [(op, site, n) for (op, site), n in c.fallbacks.most_common()],
-        "recompiles": sorted(((name, sum(causes.values()), dict(causes), sites[name])
-                              for name, causes in recompiles.items()), key=lambda r: -r[1]),
+        "recompiles": sorted(((name, sum(causes.values()), after_warm_up[name], dict(causes), sites[name])
+                              for name, causes in recompiles.items()), key=lambda r: (-r[2], -r[1])),
+        "warm_up_steps": warm_up,
         "storms": storms,
         "dynamo_recompiles": list(c.dynamo_recompiles),
         "graph_breaks": c.graph_breaks.most_common(),
@@ -53,8 +59,9 @@ def _ms(ns: float) -> str:
 def sections(s: dict) -> list:
     """(title, column names, rows, note when there are no rows) in the order a reader needs them."""
     fallback_rows = [(op, n, site) for op, site, n in s["fallbacks"]]
-    recompile_rows = [(name, n, ", ".join(f"{cause} x{k}" for cause, k in causes.items()), site)
-                      for name, n, causes, site in s["recompiles"][:TOP]]
+    recompile_rows = [(name, n, late, ", ".join(f"{cause} x{k}" for cause, k in causes.items()), site)
+                      for name, n, late, causes, site in s["recompiles"][:TOP]]
+    late_column = f"after step {s['warm_up_steps']}" if s["warm_up_steps"] else "after warm-up (no steps: all)"
     dynamo_rows = [(reason.replace("\n", " ").strip(),) for reason in s["dynamo_recompiles"][:TOP]]
     largest = [(_bytes(nbytes), str(dtype).replace("torch.", ""), f"neuron:{device}", site)
                for nbytes, device, dtype, site in s["largest"]]
@@ -65,7 +72,7 @@ def sections(s: dict) -> list:
         ("CPU fallbacks (ops without a neuron lowering: each call copies its tensors to the host and back)",
          ("op", "calls", "first call site"), fallback_rows, "none"),
         ("Recompilations (a new executable for an op or graph already compiled: cause, call site)",
-         ("op or graph", "recompiles", "causes", "first call site"), recompile_rows, "none"),
+         ("op or graph", "recompiles", late_column, "causes", "first call site"), recompile_rows, "none"),
         ("Dynamo recompilations (guard failures)", ("reason",), dynamo_rows, "none"),
         ("Graph breaks (torch.compile)", ("reason", "count"), s["graph_breaks"][:TOP], "none"),
         ("Slowest ops (host time, each op's dispatch with what it caused)", ("op", "calls", "total", "mean"),
