@@ -1,5 +1,11 @@
 """torch.profiler on neuron code: op ranges, compiles, fallbacks, transfers, memory, device and JAX tracks."""
 import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,8 +164,26 @@ def test_memory_history_and_snapshot():
         torch.neuron.memory._record_memory_history(enabled=None)
     (block,) = [s["blocks"][0] for s in snapshot["segments"] if s["address"] == kept.untyped_storage().data_ptr()]
     assert block["size"] == 4000 and block["state"] == "active_allocated"
-    assert any(f["filename"] == __file__ for f in block["frames"])
+    assert block["frames"][0]["filename"] == __file__  # the innermost frame outside torchneuron
     trace = snapshot["device_traces"][0]
     assert [e["action"] for e in trace if e["size"] == 1200] == ["alloc", "free_completed"]
     assert [e["action"] for e in trace if e["size"] == 4000] == ["alloc"]
     assert not events.listening
+
+
+def test_docs_tutorial_runs_as_written(tmp_path):
+    """docs/profiling.md's python blocks, run in order from a fresh process (the demo's model trains)."""
+    root = Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "profiling.md").read_text(), re.S)
+    assert len(blocks) == 2
+    (tmp_path / "tutorial.py").write_text("\n".join(blocks))
+    paths = [str(root), str(Path(torchneuron.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    done = subprocess.run([sys.executable, "tutorial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "neuron::launch" in done.stdout and "live storages" in done.stdout
+    trace = json.loads((tmp_path / "demo_trace.json").read_text())
+    assert _cpu_events(trace, "neuron::execute") and _cpu_events(trace, "neuron::aten.mm.default")
+    assert any(e.get("pid") == "neuron:0" for e in trace["traceEvents"])
+    with open(tmp_path / "demo_memory.pickle", "rb") as f:
+        assert pickle.load(f)["device_traces"][0]

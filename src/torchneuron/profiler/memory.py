@@ -10,7 +10,9 @@ Each neuron storage is one segment holding one block (PJRT allocates each buffer
 timeline (`device_traces`) has an "alloc" and a "free_completed" entry per storage with the Python
 stack that made it, as CUDA's does; torch.cuda._memory_viz renders it.
 """
+import os
 import pickle
+import sys
 import time
 import traceback
 
@@ -54,8 +56,14 @@ class _History:
             del self.entries[: len(self.entries) - self.max_entries]
 
 
+_PACKAGE = os.path.dirname(sys.modules["torchneuron"].__file__) + os.sep
+
+
 def _frames() -> list:
-    stack = traceback.extract_stack()[:-4]  # less this module and events' frames
+    """The allocating stack, innermost first, from the first frame outside torchneuron."""
+    stack = traceback.extract_stack()
+    while stack and stack[-1].filename.startswith(_PACKAGE):
+        stack.pop()
     return [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in reversed(stack)]
 
 
