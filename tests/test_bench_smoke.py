@@ -25,3 +25,13 @@ def test_fixed_cost_prints_every_op():
                          check=True, capture_output=True, text=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and ("16x16" in line or "add_" in line)]
     assert len(rows) == 3 and all(len(r.split("|")) == 9 for r in rows), out
+
+
+def test_profiler_hooks_cost_within_budget_when_nothing_listens():
+    out = subprocess.run([sys.executable, "-m", "bench.profiler_overhead", "--calls", "200", "--repeats", "3"],
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    cells = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith(("| a + b", "| hook"))]
+    rows = {name: float(us) for name, us in cells}
+    assert len(rows) == 4 and all(us > 0 for name, us in rows.items() if name.startswith("a + b")), out
+    assert rows["hook checks per op (nothing listening)"] <= 0.3, out
+    assert "within the 0.3 us budget" in out

@@ -37,10 +37,6 @@ _SPAN_NAMES = {
 _KEPT_SESSIONS = 4
 
 
-def _op_name(func) -> str:
-    return str(func)
-
-
 class _Session:
     """The listener of one torch.profiler session."""
 
@@ -51,11 +47,11 @@ class _Session:
 
     def begin(self, kind, name, details):
         if kind == "op":
-            record = _RecordFunctionFast(f"neuron::{_op_name(name)}")
+            record = _RecordFunctionFast(f"neuron::{name}")
         elif kind == "transfer":
             record = _RecordFunctionFast(f"neuron::transfer_{name}", (), details)
         else:
-            record = _RecordFunctionFast(_SPAN_NAMES[kind], (), {"op": _op_name(name), **_simple(details)})
+            record = _RecordFunctionFast(_SPAN_NAMES[kind], (), {"op": str(name), **details})
         record.__enter__()
         return record
 
@@ -64,15 +60,11 @@ class _Session:
 
     def instant(self, kind, name, details):
         if kind == "fallback":
-            with _RecordFunctionFast("neuron::cpu_fallback", (), {"op": _op_name(name)}):
+            with _RecordFunctionFast("neuron::cpu_fallback", (), {"op": str(name)}):
                 pass
         elif kind in ("alloc", "free"):
             nbytes = name.nbytes if kind == "alloc" else -name.nbytes
             native.report_memory(name.handle.data_ptr(), nbytes, name.account.allocated, name.device_index)
-
-
-def _simple(details) -> dict:
-    return {k: v for k, v in details.items() if isinstance(v, (int, float, str, bool))}
 
 
 class Sessions:

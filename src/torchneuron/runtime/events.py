@@ -4,15 +4,17 @@ Lower layers report here and never import their listeners. Every call site is on
 the module global `listening`, so when nothing listens a site costs one attribute load and a branch
 (bench/profiler_overhead.py measures it). A listener has three methods:
 
-    begin(kind, name, details) -> token    a span starts (details: a dict the span's end may extend)
+    begin(kind, name, details) -> token    a span starts (details: a dict of plain values)
     end(token, details)                    it ends
     instant(kind, name, details)           something happened (a fallback, an allocation)
+
+and may set `wants_device_time`: executables are then waited for, in a nested "execute" span.
 
 Kinds: "op" (one ATen call on neuron tensors, name the OpOverload), "compile" (an executable's first
 run: trace and XLA compile), "launch" (a cached executable's run), "execute" (waiting for the device
 to finish it: only where a listener sets `wants_device_time`), "graph_compile", "transfer",
 "fallback", "flush" (adaptive eager's fused run), "signature" (a new executable for an op or graph,
-details["key"] its signature), "alloc", "free".
+details["key"] its signature), "alloc" and "free" (name: the Storage).
 """
 import jax
 
@@ -42,7 +44,7 @@ def _update() -> None:
 
 
 def span(kind, name, fn, args, details):
-    """fn(*args) inside a span; `details` may be extended by fn's caller through the returned dict."""
+    """fn(*args) inside a span of every listener."""
     listeners = tuple(_listeners)
     tokens = [listener.begin(kind, name, details) for listener in listeners]
     try:
@@ -66,11 +68,10 @@ def launch(executable, flat):
     """An executable (its `compiled`, `op` name, `traced` once run, `device_index`) run on `flat`: its first
     run traces and compiles (a cache miss), later ones are cache hits. Device time, when asked for, is the
     wait for its results, in a nested "execute" span."""
-    first_run = not executable.traced
+    first_run, name, device_index = not executable.traced, executable.op, executable.device_index
     kind = "compile" if first_run else "launch"
-    details = {"cache": "miss" if first_run else "hit", "device": executable.device_index}
-    device_index = executable.device_index
-    return span(kind, executable.op, _run_and_wait, (executable.compiled, flat, executable.op, device_index), details)
+    details = {"cache": "miss" if first_run else "hit", "device": device_index}
+    return span(kind, name, _run_and_wait, (executable.compiled, flat, name, device_index), details)
 
 
 def _run_and_wait(compiled, flat, name, device_index):
@@ -95,10 +96,11 @@ def signature(what: str, name, key) -> None:
 
 
 def flush(fused, externals, n_ops: int, device_index: int):
-    """Adaptive eager runs its queue of `n_ops` ops as one jitted program, `fused` (compiled on its first call)."""
+    """Adaptive eager runs its queue of `n_ops` ops as one jitted program, `fused` (compiled on its first call);
+    its device time, when asked for, in a nested "execute" span."""
     cache = "hit" if fused._cache_size() else "miss"
     details = {"ops": n_ops, "inputs": len(externals), "cache": cache, "device": device_index}
-    return span("flush", fused.__name__, fused, externals, details)
+    return span("flush", fused.__name__, _run_and_wait, (fused, externals, fused.__name__, device_index), details)
 
 
 def graph_compile(fn, args, name, cache_hit: bool):
