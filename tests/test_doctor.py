@@ -169,3 +169,18 @@ def test_cli_strict_passes_a_clean_script(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "6.0" in done.stdout
     assert "== CPU fallbacks" in done.stdout and "RECOMPILE STORM" not in done.stdout
+
+
+def test_a_signature_seen_before_was_evicted(monkeypatch):
+    from torchneuron.runtime.cache import eager_cache
+
+    monkeypatch.setattr(eager_cache, "entries", {})
+    monkeypatch.setattr(eager_cache, "capacity", 1)  # each new executable evicts the one before
+    x = torch.ones(3, device="neuron")
+    with Collector() as collector:
+        x.sin()
+        x.cos()
+        x.sin()
+    assert [(name, cause) for name, cause, _, _ in collector.recompiles] == [
+        ("aten.sin.default", "evicted from the executable cache (TORCHNEURON_EAGER_CACHE_SIZE)")
+    ]

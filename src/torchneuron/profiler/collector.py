@@ -20,6 +20,7 @@ _PYTHON_DIR = os.path.dirname(os.__file__) + os.sep
 _TIMELINE_LIMIT = 20_000
 _PEAK_SNAPSHOTS = 1.05  # the largest live tensors are noted again when the peak grows by 5%
 _LARGEST = 8
+_EVICTED = "evicted from the executable cache (TORCHNEURON_EAGER_CACHE_SIZE)"
 
 
 def call_site() -> str:
@@ -41,7 +42,7 @@ class Collector:
         self.ops = collections.defaultdict(lambda: [0, 0])  # op -> [calls, host ns]
         self.programs = collections.defaultdict(lambda: [0, 0, 0])  # executable -> [runs, device ns, max ns]
         self.compiles = collections.defaultdict(lambda: [0, 0])  # op or graph -> [compiles, ns]
-        self.signatures = collections.defaultdict(list)  # op or graph -> its signatures, in order
+        self.signatures = collections.defaultdict(dict)  # op or graph -> its signatures, in order (as keys)
         self.recompiles = []  # (op or graph, cause, call site, optimizer steps taken before it)
         self.fallbacks = collections.Counter()  # (op, call site) -> calls
         self.transfers = collections.defaultdict(lambda: [0, 0, 0])  # direction -> [count, bytes, ns]
@@ -121,12 +122,13 @@ class Collector:
         elif kind == "fallback":
             self.fallbacks[(str(name), call_site())] += 1
         elif kind == "signature":
-            name = str(name)
+            name, key = str(name), details["key"]
             known = self.signatures[name]
             if known:
-                cause = recompile_cause(details["what"], known[-1], details["key"])
+                cause = _EVICTED if key in known else recompile_cause(details["what"], next(reversed(known)), key)
                 self.recompiles.append((name, cause, call_site(), len(self.step_ends)))
-            known.append(details["key"])
+            known.pop(key, None)
+            known[key] = None  # the latest last
 
     def _note_memory(self):
         allocated = sum(a.allocated for a in memory.accounts.values())
