@@ -254,7 +254,7 @@ class Executable:
         spec = self.fresh_specs[0] if self.plan == ("new", 0) and not self.resized else None
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
-        program.__name__ = program.__qualname__ = executable_name(op.func)
+        program.__name__ = program.__qualname__ = events.executable_name(op.func)
         self.program = program
         # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
         # land on JAX's default device
@@ -322,11 +322,6 @@ class Executable:
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
         return _build_output(self.plan, tensors, fresh)
-
-
-def executable_name(func) -> str:
-    """`aten.add.Tensor` as `add_Tensor`: what XLA and profilers call the op's executable."""
-    return func.name().split("::")[-1].replace(".", "_")
 
 
 def _device_scalars(scalars, device_index) -> list:

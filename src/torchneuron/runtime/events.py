@@ -26,6 +26,11 @@ _device_time = False
 session_handler = None
 
 
+def executable_name(func) -> str:
+    """`aten.add.Tensor` as `add_Tensor`: what an op's executable is called, by XLA and in JAX's traces."""
+    return func.name().split("::")[-1].replace(".", "_")
+
+
 def listen(listener) -> None:
     _listeners.append(listener)
     _update()
