@@ -40,7 +40,7 @@ class _History:
         pass
 
     def instant(self, kind, name, details):
-        if kind not in ("alloc", "free"):
+        if kind not in ("alloc", "free") or not name.nbytes:  # empty storages hold no memory
             return
         address = name.handle.data_ptr()
         if kind == "alloc":
