@@ -2,19 +2,15 @@
 import base64
 import html.parser
 import io
-import subprocess
+import runpy
 import sys
 import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
 from torchneuron.profiler import doctor
 from torchneuron.profiler.collector import Collector
 from torchneuron.runtime import events
-
-ROOT = Path(__file__).resolve().parents[1]
 
 PLANTED = textwrap.dedent("""\
     import sys
@@ -161,14 +157,16 @@ def test_script_exit_status_is_the_doctors(tmp_path, capsys):
     assert doctor.main([str(script)]) == 3
 
 
-def test_cli_strict_passes_a_clean_script(tmp_path):
+def test_module_entry_point_strict_passes_a_clean_script(tmp_path, monkeypatch, capsys):
+    """`python -m torchneuron.doctor --strict clean.py`, run in this process (runpy, as -m does)."""
     script = tmp_path / "clean.py"
     script.write_text("import torch\nprint((torch.ones(3, device='neuron') * 2).sum().item())\n")
-    done = subprocess.run([sys.executable, "-m", "torchneuron.doctor", "--strict", str(script)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "6.0" in done.stdout
-    assert "== CPU fallbacks" in done.stdout and "RECOMPILE STORM" not in done.stdout
+    monkeypatch.setattr(sys, "argv", ["torchneuron.doctor", "--strict", str(script)])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("torchneuron.doctor", run_name="__main__")
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    assert "6.0" in out and "== CPU fallbacks" in out and "RECOMPILE STORM" not in out
 
 
 def test_a_signature_seen_before_was_evicted(monkeypatch):
