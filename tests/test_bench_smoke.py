@@ -37,3 +37,12 @@ def test_attention_bench_smoke_runs_every_variant(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {(r["mode"], r["path"]) for r in rows} == {(m, p) for m in ("eager", "compiled") for p in ("fused", "math")}
     assert all(r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 for r in rows)
+
+
+def test_profiler_overhead_bench_reports_every_row():
+    out = subprocess.run([sys.executable, "-m", "bench.profiler_overhead", "--calls", "200", "--repeats", "3"],
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    cells = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith(("| a + b", "| hook"))]
+    rows = {name: float(us) for name, us in cells}
+    assert len(rows) == 4 and all(us > 0 for name, us in rows.items() if name.startswith("a + b")), out
+    assert "hook checks per op (nothing listening)" in rows, out

@@ -26,6 +26,7 @@ from . import ops  # noqa: E402,F401
 from .eager import dispatch as _dispatch  # noqa: E402,F401  (ops on neuron tensors go to eager dispatch)
 from . import library  # noqa: E402,F401
 from .eager.fallback import report as fallback_report  # noqa: E402
+from . import profiler  # noqa: E402,F401  (torch.profiler sees neuron work; torch.neuron.memory)
 if torch.distributed.is_available():
     from . import distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 

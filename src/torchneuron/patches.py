@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from .runtime import events
 from .runtime.tensor import NeuronTensor
 
 _APPLIED = []
@@ -184,6 +185,40 @@ def _skipped_by_dynamo(package: str = "torchneuron") -> bool:
     return any(os.path.abspath(d) == directory for d in trace_rules.SKIP_DIRS if os.path.isabs(d))
 
 
+@_patch
+def torch_profiler_sessions_reach_neuron() -> None:
+    """torch.profiler tells a backend written in Python nothing when a profile starts, stops or is
+    exported, and Kineto takes no device activities from Python. `events.session_handler`
+    (torchneuron.profiler) is told each start with its activities and config, each stop, and each Chrome
+    trace export, which it completes with the neuron device's track and JAX's trace."""
+    module = torch.autograd.profiler
+    enable, disable, export = module._enable_profiler, module._disable_profiler, module.profile.export_chrome_trace
+
+    def _enable_profiler(config, activities, *args, **kwargs):
+        result = enable(config, activities, *args, **kwargs)
+        if events.session_handler is not None:
+            events.session_handler.start(activities, config)
+        return result
+
+    def _disable_profiler(*args, **kwargs):
+        if events.session_handler is not None:
+            events.session_handler.stop()
+        results = disable(*args, **kwargs)
+        if events.session_handler is not None:
+            events.session_handler.stopped(results)
+        return results
+
+    @functools.wraps(export)
+    def export_chrome_trace(self, path, *args, **kwargs):
+        written = export(self, path, *args, **kwargs)
+        if events.session_handler is not None:
+            events.session_handler.exported(self.kineto_results, path)
+        return written
+
+    module._enable_profiler, module._disable_profiler = _enable_profiler, _disable_profiler
+    module.profile.export_chrome_trace = export_chrome_trace
+
+
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
                     dynamo_skips_torchneuron_frames)
 
@@ -195,6 +230,7 @@ def apply() -> None:
     foreach_tensor_type()
     tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()
+    torch_profiler_sessions_reach_neuron()
     apply.done = True
 
 

@@ -16,7 +16,7 @@ import tempfile
 import torch
 from jax.experimental import serialize_executable
 
-from ..runtime import compilation_cache
+from ..runtime import compilation_cache, events
 from ..runtime.platform import jax_device, platform_name
 from .stats import counters
 
@@ -49,10 +49,23 @@ def path_for(gm: torch.fx.GraphModule, signature, device: int):
     return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
 
 
-def load(path, device: int):
-    """(executable, what its tracing told) from the entry at `path`, or None."""
-    if path is None or not os.path.exists(path):
-        return None
+def load_or_compile(path, device: int, name: str, lower):
+    """(executable, what tracing told): loaded from the entry at `path`, else compiled from
+    `lower() -> (lowered, traced)` and stored there."""
+    hit = path is not None and os.path.exists(path)
+    if events.listening:
+        return events.graph_compile(_load_or_compile, (path, device, lower, hit), name, hit)
+    return _load_or_compile(path, device, lower, hit)
+
+
+def _load_or_compile(path, device, lower, hit):
+    if not hit:
+        lowered, traced = lower()
+        counters["xla_compiles"] += 1
+        compiled = lowered.compile()
+        if path is not None:
+            _store(path, (*serialize_executable.serialize(compiled), traced))
+        return compiled, traced
     with open(path, "rb") as f:
         payload, in_tree, out_tree, traced = pickle.load(f)
     counters["disk_cache_hits"] += 1
@@ -60,15 +73,6 @@ def load(path, device: int):
     executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                            execution_devices=[jax_device(device)])
     return executable, traced
-
-
-def compile_and_store(path, lowered, traced):
-    """Compile `lowered`, and store it with `traced` at `path` (if any)."""
-    counters["xla_compiles"] += 1
-    compiled = lowered.compile()
-    if path is not None:
-        _store(path, (*serialize_executable.serialize(compiled), traced))
-    return compiled
 
 
 def _store(path, entry) -> None:

@@ -7,6 +7,8 @@ the old buffers), and returns fresh flat buffers for the outputs. Shapes are
 specialised: a new signature (tensor views, or the values of symbolic-size
 inputs under dynamic=True) builds and counts a new program.
 """
+import hashlib
+
 import jax
 import numpy as np
 import torch
@@ -16,7 +18,7 @@ from ..runtime import rng
 from ..eager import adaptive, transfers
 from ..ops import rules
 from ..ops.rules import run_graph_with_inputs
-from ..runtime import sync
+from ..runtime import events, sync
 from ..runtime.program import StorageProgram
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import disk_cache
@@ -43,6 +45,8 @@ class CompiledGraph:
                             for v in leaves]
         self.default_device = _meta_device(gm)
         self.specialisations = {}
+        # named by content, as the graph's executable is in XLA's program text and in profiles
+        self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
 
     def __call__(self, args):
         args = list(args)
@@ -64,6 +68,8 @@ class CompiledGraph:
             counters["specialisations"] += 1
             if self.specialisations:
                 counters["recompiles"] += 1
+            if events.listening:
+                events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, pattern, key)
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
 
@@ -141,24 +147,25 @@ class _Program:
                     constants[j] = value
             return arrays, {k: finals[positions[k]] for k in mutated_inputs}
 
-        self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute)
+        self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
+        self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
+
+        def lower():
+            # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
+            extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
+            lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
+            return lowered, (array_outputs, constants)
+
         path = disk_cache.path_for(gm, signature, self.device_index)
-        loaded = disk_cache.load(path, self.device_index)
-        if loaded is not None:
-            self.compiled, (self.array_outputs, self.constants) = loaded
-            return
-        # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
-        extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
-        lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
-        self.array_outputs, self.constants = array_outputs, constants
-        self.compiled = disk_cache.compile_and_store(path, lowered, (array_outputs, constants))
+        self.compiled, (self.array_outputs, self.constants) = disk_cache.load_or_compile(
+            path, self.device_index, graph.name, lower)
 
     def run(self, args, storages):
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
         flat = self.program.buffers_of(storages)
         if self.random:
             flat.append(rng.next_key(self.device_index))
-        results = self.compiled(*flat)
+        results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         if results:
             sync.launched(self.device_index, results[-1])
         n_written = len(self.program.written_storages)

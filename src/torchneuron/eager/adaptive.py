@@ -29,7 +29,7 @@ import torch._dynamo
 from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..runtime import sync
+from ..runtime import events, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.platform import jax_device
 from ..runtime.storage import Pending
@@ -118,7 +118,7 @@ class Queue:
                 fused = jax.jit(_fused_program(ops, n_values, external_values, kept), out_shardings=placed)
                 fused_cache.put(key, fused)
             try:
-                results = fused(*externals)
+                results = events.flush(fused, externals, len(ops), device_index) if events.listening else fused(*externals)
             except Exception:
                 self.replays += 1
                 results = _replay(ops, n_values, external_values, externals, kept)
@@ -145,6 +145,7 @@ def _fused_program(ops, n_values, external_values, kept):
     def fused(*externals):
         return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program.function(*args))
 
+    fused.__name__ = fused.__qualname__ = f"adaptive_eager_{len(ops)}_ops"
     return fused
 
 

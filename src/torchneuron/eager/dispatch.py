@@ -7,6 +7,7 @@ transfers have handlers of their own (views.py, handlers.py); an op with neither
 import torch
 
 from ..ops import rules
+from ..runtime import events
 from ..runtime import tensor as neuron_tensor
 from . import fallback, handlers, views
 from .executable import Compute
@@ -18,6 +19,8 @@ def dispatch(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is None:
         handler = _HANDLERS[func] = _choose_handler(func)
+    if events.listening:
+        return events.op(func, handler, args, kwargs)
     return handler(func, args, kwargs)
 
 

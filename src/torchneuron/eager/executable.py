@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..ops import checks, registry, rules
-from ..runtime import layout, memory, pending_checks, rng, sync
+from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import UnsupportedDtype, convert, to_jax
 from ..runtime.program import StorageProgram
@@ -63,6 +63,8 @@ class Compute:
             if entry is None:
                 entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
                 eager_cache.put(key, entry)
+                if events.listening:
+                    events.signature("eager", func, key)
             elif entry is fallback.run_on_cpu:
                 return fallback.run_on_cpu(func, args, kwargs)
             return entry.run(tensors, storages, scalars, generator)
@@ -167,7 +169,8 @@ class Executable:
             outputs += [_materialize(written[i], spec) for i, spec in zip(resized, new_specs)]
             return outputs + [c for c, _, _ in conditions], written
 
-        self.program = StorageProgram(specs, pattern, storages, written_in_place, compute)
+        self.program = StorageProgram(specs, pattern, storages, written_in_place, compute,
+                                      events.executable_name(op.func))
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
         self.compiled = self.program.jit(self.device_index)
@@ -198,7 +201,7 @@ class Executable:
         if self.random:
             flat.append(rng.next_key(self.device_index, generator))
         try:
-            results = self.compiled(*flat)
+            results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         except Exception as exc:
             memory.raise_if_exhausted(exc, self.device_index)
             if self.ran or self._is_final(exc):

@@ -11,6 +11,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..ops.registry import mutated_arguments
+from ..runtime import events
 from ..runtime.tensor import NeuronTensor
 
 counts = collections.Counter()
@@ -49,9 +50,13 @@ def run_on_cpu(func, args, kwargs):
             "(TORCHNEURON_FALLBACK=error). Please report the op name at the project's issue tracker."
         )
     counts[name] += 1
+    if events.listening:
+        events.fallback(func)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU", stacklevel=3)
+        # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
+        warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU",
+                      stacklevel=5 if events.listening else 3)
     device = None
     copies = {}
 

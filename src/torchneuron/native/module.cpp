@@ -2,6 +2,7 @@
 // device for torch.accelerator), registered in place of torch._C._acc's Python hooks, which cannot
 // provide generators or resizing; and the Python module `torchneuron.native._C`.
 #include "native.h"
+#include <c10/core/Allocator.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <torch/csrc/utils/pybind.h>
@@ -113,6 +114,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("next_seed_offset", &next_seed_offset, py::arg("generator"), py::arg("increment") = 1);
   m.def("new_storage", &new_storage);
   m.def("set_storage_nbytes", &set_storage_nbytes);
+  // torch.profiler(profile_memory=True) hears of allocations only from C++ allocators; neuron buffers are
+  // held in Python, which reports each allocation (bytes > 0) and free (bytes < 0) here while a profile runs
+  m.def("report_memory", [](int64_t address, int64_t bytes, int64_t allocated, c10::DeviceIndex index) {
+    c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(address), bytes, allocated, allocated,
+                                     c10::Device(kNeuron, index));
+  });
   m.def("set_storage", [](const at::Tensor& tensor, const c10::Storage& storage) {
     tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
   });

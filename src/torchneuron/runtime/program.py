@@ -16,7 +16,7 @@ from .storage import Pending
 
 
 class StorageProgram:
-    """`compute(values, extras) -> (results, written)`: `values` are the input tensors' arrays, `extras`
+    """`compute(values, extras) -> (results, written)`, the program called `name`: `values` are the input tensors' arrays, `extras`
     the arguments that are not storages (traced scalars, a PRNG key), `written` maps the index of each
     input in `mutated_inputs` to its new value.
 
@@ -24,7 +24,7 @@ class StorageProgram:
     arguments, jit's fast path (no pytree work); the first `len(written_storages)` are donated.
     """
 
-    def __init__(self, specs, pattern, storages, mutated_inputs, compute):
+    def __init__(self, specs, pattern, storages, mutated_inputs, compute, name: str):
         self.written_storages = written = sorted({pattern[i] for i in mutated_inputs})
         self.argument_storages = written + [p for p in range(len(storages)) if p not in written]
         self.storage_avals = [jax.ShapeDtypeStruct((storages[p].numel,), to_jax(storages[p].dtype))
@@ -41,6 +41,8 @@ class StorageProgram:
                 buffers[p] = layout.write_view(buffers[p], new_values[i], specs[i], storage_dtypes[p])
             return (*[buffers[p] for p in written], *results)
 
+        # the executable's name, in XLA's program text and in profiles
+        function.__name__ = function.__qualname__ = name
         self.function = function
 
     def jit(self, device_index: int):

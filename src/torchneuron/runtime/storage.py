@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..native import _C as native
+from . import events
 from .memory import accounts, check_fits
 from .dtypes import to_jax
 from .platform import jax_device
@@ -62,9 +63,13 @@ class Storage:
         self.account.allocate(nbytes)
         self.handle = handle = native.new_storage(nbytes, device_index)
         _by_native[handle._cdata] = weakref.ref(self)
+        if events.listening:
+            events.alloc(self)
 
     def __del__(self):
         self.account.allocated -= self.nbytes
+        if events.listening:
+            events.free(self)
         _by_native.pop(self.handle._cdata, None)
 
     @property
@@ -98,10 +103,14 @@ class Storage:
                 new = jnp.concatenate([old, jnp.zeros((numel - self.numel,), old.dtype)])
             new = jax.device_put(new, jax_device(self.device_index))
         self.account.allocated -= self.nbytes
+        if events.listening:
+            events.free(self)
         self.numel = numel
         self.nbytes = numel * self.dtype.itemsize
         if numel:
             self.account.allocate(self.nbytes)
+            if events.listening:
+                events.alloc(self)
         self._buffer = new
         native.set_storage_nbytes(self.handle, self.nbytes)
 

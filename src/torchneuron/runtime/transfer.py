@@ -4,13 +4,20 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import sync
+from . import events, sync
 from .dtypes import numpy_to_tensor, tensor_to_numpy
-from .platform import jax_device
+from .platform import devices, jax_device
 
 
 def host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     """A CPU tensor's values (in row-major order) as a flat device buffer."""
+    if events.listening:
+        nbytes = tensor.numel() * tensor.element_size()
+        return events.transfer("h2d", nbytes, device_index, _host_to_device, tensor, device_index)
+    return _host_to_device(tensor, device_index)
+
+
+def _host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     array = tensor_to_numpy(tensor.contiguous())
     device = jax_device(device_index)
     if device.platform == "cpu":
@@ -23,13 +30,29 @@ def host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
 
 def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """A device array as a CPU tensor that owns its memory."""
+    if events.listening:
+        return events.transfer("d2h", array.nbytes, _device_index(array), _device_to_host, array, dtype)
+    return _device_to_host(array, dtype)
+
+
+def _device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     return numpy_to_tensor(np.asarray(array), dtype)
 
 
 def device_to_device(array: jax.Array, device_index: int) -> jax.Array:
+    if events.listening:
+        return events.transfer("d2d", array.nbytes, device_index, _device_to_device, array, device_index)
+    return _device_to_device(array, device_index)
+
+
+def _device_to_device(array: jax.Array, device_index: int) -> jax.Array:
     moved = jax.device_put(array, jax_device(device_index))
     sync.launched(device_index, moved)
     return moved
+
+
+def _device_index(array: jax.Array) -> int:
+    return devices().index(next(iter(array.devices())))
 
 
 _scalars = {}
