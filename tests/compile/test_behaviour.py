@@ -149,3 +149,37 @@ def test_op_without_lowering_splits_the_graph():
     assert report["eager_ops"] == {"neurontest.triple.default": 1}
     assert report["dynamo_graphs"] == 1
     assert report["specialisations"] == 2  # the compiled pieces before and after the eager op
+
+
+def _training_peak(fn, inputs, grad):
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    fn(*inputs).backward(grad)
+    torch.neuron.synchronize()
+    return torch.neuron.max_memory_allocated() - base, torch.neuron.memory_allocated() - base
+
+
+def test_compiled_training_holds_no_more_memory_than_eager():
+    """A forward output the backward saves (AOTAutograd returns it twice, once detached) is one buffer, and
+    a compiled graph keeps none of its callers' tensors alive."""
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(attention, backend="neuron")
+    shape = (1, 4, 512, 32)
+    inputs = [torch.randn(shape).to("neuron").requires_grad_() for _ in range(3)]
+    grad = torch.randn(shape).to("neuron")
+    eager_peak, _ = _training_peak(attention, inputs, grad)
+    for _ in range(2):
+        for t in inputs:
+            t.grad = None
+        peak, held = _training_peak(compiled, inputs, grad)
+        assert peak <= eager_peak
+        assert held == 3 * inputs[0].nbytes  # the gradients, nothing else
+
+    base = torch.neuron.memory_allocated()
+    fresh = [torch.randn(shape).to("neuron").requires_grad_() for _ in range(3)]
+    compiled(*fresh).backward(grad)
+    del fresh
+    assert torch.neuron.memory_allocated() == base

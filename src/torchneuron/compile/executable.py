@@ -20,7 +20,7 @@ from ..ops import rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
 from ..runtime.program import StorageProgram
-from ..runtime.tensor import NeuronTensor, wrap_buffer
+from ..runtime.tensor import NeuronTensor, wrap, wrap_buffer
 from . import disk_cache
 from .stats import counters
 
@@ -43,6 +43,7 @@ class CompiledGraph:
         leaves, self.out_spec = pytree.tree_flatten(output.args[0])
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
+        self.out_aliases = _output_aliases(leaves)
         self.default_device = _meta_device(gm)
         self.specialisations = {}
         # named by content, as the graph's executable is in XLA's program text and in profiles
@@ -72,6 +73,32 @@ class CompiledGraph:
                 events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, pattern, key)
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
+
+
+_ALIAS_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+def _output_aliases(leaves) -> dict:
+    """Outputs that are detach() or alias() of another output, by position: {alias: aliased}. AOTAutograd's
+    forward graphs return a user output and, detached, the same value saved for the backward; one buffer
+    serves both, as the two tensors share a storage in PyTorch (a second buffer would double the memory)."""
+    first = {}
+    for j, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.fx.Node):
+            first.setdefault(leaf, j)
+    aliases = {}
+    for j, leaf in enumerate(leaves):
+        base = leaf
+        while isinstance(base, torch.fx.Node) and base.op == "call_function" and base.target in _ALIAS_OPS:
+            base = base.args[0]
+            if first.get(base, j) != j:
+                aliases[j] = first[base]
+                break
+    for j, aliased in aliases.items():
+        while aliased in aliases:  # to the output that is no alias
+            aliased = aliases[aliased]
+        aliases[j] = aliased
+    return aliases
 
 
 def _is_op(node) -> bool:
@@ -128,7 +155,10 @@ class _Program:
         # what tracing tells: outputs that are arrays (with their shapes), and the rest, fixed for this
         # signature (symbolic sizes saved for the backward, None gradients)
         array_outputs, constants = [], {}
-        statics, gm, sources = list(args), graph.gm, graph.out_sources
+        # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
+        statics = [None if i in positions else a for i, a in enumerate(args)]
+        gm, sources, aliases = graph.gm, graph.out_sources, graph.out_aliases
+        self.aliases = aliases
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
         def compute(values, extras):
@@ -138,7 +168,7 @@ class _Program:
             outputs, finals = run_graph_with_inputs(gm, inputs, rng.key_from(extras[0]) if extras else None)
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs), sources)):
-                if source is not None:
+                if source is not None or j in aliases:
                     continue
                 if isinstance(value, jax.Array):
                     array_outputs.append((j, value.shape))
@@ -176,4 +206,7 @@ class _Program:
             outputs[j] = value
         for (j, shape), array in zip(self.array_outputs, results[n_written:]):
             outputs[j] = wrap_buffer(array, shape, self.device_index)
+        for j, aliased in self.aliases.items():
+            base = outputs[aliased]
+            outputs[j] = wrap(base._storage, *base._spec[:4])
         return outputs
