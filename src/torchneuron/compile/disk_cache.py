@@ -1,10 +1,11 @@
-"""Compiled graphs on disk, keyed by the FX graph itself, so a warm start neither traces nor compiles them.
+"""Compiled graphs on disk, keyed by the FX graph itself, so a warm start does not trace them again.
 
-An entry is a graph's serialized XLA executable with what tracing it told (which outputs are arrays,
-and the values fixed for its signature), keyed by the graph's code and constants, the input signature,
-the device, and the torchneuron source (a changed lowering is a new key). Its directory, and how to turn
-it off, are the runtime's compilation cache's (runtime/compilation_cache.py): executables the graph cache
-misses still go through JAX's persistent cache there.
+An entry is a graph's program, exported (`jax.export`: its StableHLO, serialized), with what tracing it
+told (which outputs are arrays, and the values fixed for its signature), keyed by the graph's code and
+constants, the input signature, the device, and the torchneuron source (a changed lowering is a new key).
+Its executable comes from JAX's persistent cache, which holds every executable (runtime/compilation_cache.py):
+serializing XLA:CPU executables ourselves proved fragile (an executable compiled in a process that had
+loaded others could lose kernels it shares with them).
 """
 import functools
 import hashlib
@@ -13,8 +14,8 @@ import pathlib
 import pickle
 import tempfile
 
+import jax
 import torch
-from jax.experimental import serialize_executable
 
 from ..runtime import compilation_cache, events
 from ..runtime.platform import jax_device, platform_name
@@ -49,30 +50,27 @@ def path_for(gm: torch.fx.GraphModule, signature, device: int):
     return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
 
 
-def load_or_compile(path, device: int, name: str, lower):
-    """(executable, what tracing told): loaded from the entry at `path`, else compiled from
-    `lower() -> (lowered, traced)` and stored there."""
+def load_or_export(path, name: str, export):
+    """(exported, what tracing told): the graph's program as a `jax.export.Exported`, loaded from the entry
+    at `path`, else from `export() -> (exported, traced)` and stored there. (None, None) from `export()`
+    is a program that cannot be exported; it is not stored."""
     hit = path is not None and os.path.exists(path)
     if events.listening:
-        return events.graph_compile(_load_or_compile, (path, device, lower, hit), name, hit)
-    return _load_or_compile(path, device, lower, hit)
+        return events.graph_compile(_load_or_export, (path, export, hit), name, hit)
+    return _load_or_export(path, export, hit)
 
 
-def _load_or_compile(path, device, lower, hit):
-    if not hit:
-        lowered, traced = lower()
-        counters["xla_compiles"] += 1
-        compiled = lowered.compile()
-        if path is not None:
-            _store(path, (*serialize_executable.serialize(compiled), traced))
-        return compiled, traced
-    with open(path, "rb") as f:
-        payload, in_tree, out_tree, traced = pickle.load(f)
-    counters["disk_cache_hits"] += 1
-    # on its own device: by default a loaded executable expects one argument shard per local device
-    executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
-                                                           execution_devices=[jax_device(device)])
-    return executable, traced
+def _load_or_export(path, export, hit):
+    if hit:
+        with open(path, "rb") as f:
+            serialized, traced = pickle.load(f)
+        counters["disk_cache_hits"] += 1
+        return jax.export.deserialize(serialized), traced
+    counters["xla_compiles"] += 1
+    exported, traced = export()
+    if path is not None and exported is not None:
+        _store(path, (exported.serialize(), traced))
+    return exported, traced
 
 
 def _store(path, entry) -> None:

@@ -162,6 +162,8 @@ class _Program:
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
         def compute(values, extras):
+            array_outputs.clear()  # filled anew by each trace
+            constants.clear()
             inputs = list(statics)
             for k, i in enumerate(positions):
                 inputs[i] = values[k]
@@ -180,15 +182,22 @@ class _Program:
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
 
-        def lower():
-            # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
-            extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
-            lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
-            return lowered, (array_outputs, constants)
+        # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
+        avals = self.program.avals([jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else [])
+
+        def export():
+            jitted = self.program.jit(self.device_index)
+            try:
+                return jax.export.export(jitted)(*avals), (array_outputs, constants)
+            except Exception:  # a program export cannot express: traced, compiled and run, but not stored
+                jitted.trace(*avals)
+                return None, (array_outputs, constants)
 
         path = disk_cache.path_for(gm, signature, self.device_index)
-        self.compiled, (self.array_outputs, self.constants) = disk_cache.load_or_compile(
-            path, self.device_index, graph.name, lower)
+        exported, (self.array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
+        # compiled now (through JAX's persistent cache), so that a failure surfaces here
+        program = self.program.jit(self.device_index, exported.call if exported is not None else None)
+        self.compiled = program.trace(*avals).lower().compile()
 
     def run(self, args, storages):
         adaptive.flush()  # queued ops come first, and may read buffers this program donates

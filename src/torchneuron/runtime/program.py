@@ -45,10 +45,11 @@ class StorageProgram:
         function.__name__ = function.__qualname__ = name
         self.function = function
 
-    def jit(self, device_index: int):
+    def jit(self, device_index: int, function=None):
+        """The program jitted for a device; `function` stands in for it (the same program, exported)."""
         # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
         # land on JAX's default device
-        return jax.jit(self.function, donate_argnums=tuple(range(len(self.written_storages))),
+        return jax.jit(function or self.function, donate_argnums=tuple(range(len(self.written_storages))),
                        out_shardings=SingleDeviceSharding(jax_device(device_index)))
 
     def avals(self, extras) -> list:
