@@ -46,3 +46,12 @@ def test_profiler_overhead_bench_reports_every_row():
     rows = {name: float(us) for name, us in cells}
     assert len(rows) == 4 and all(us > 0 for name, us in rows.items() if name.startswith("a + b")), out
     assert "hook checks per op (nothing listening)" in rows, out
+
+
+@pytest.mark.slow
+def test_host_overhead_bench_reports_every_mode():
+    out = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--smoke"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "%" in line]
+    assert [r[0].strip("| ") for r in rows] == ["compiled", "adaptive", "eager"], out
+    assert all(0 <= float(r[3].strip(" |%")) <= 100 for r in rows), out
