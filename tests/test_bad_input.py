@@ -125,6 +125,13 @@ VALUE_CHECKS = {
     "index_put_": lambda d: torch.zeros(3, device=d).index_put_((_t([5], d),), _t([1.0], d)),
     "index_put_-accumulate": lambda d: torch.zeros(3, device=d).index_put_((_t([-4], d),), _t([1.0], d), True),
     "index_add": lambda d: torch.zeros(3, device=d).index_add(0, _t([-1], d), _t([1.0], d)),
+    # the CPU's type and message depend on its kernel's path: by dimension and rank
+    "index_add-outer-dim": lambda d: torch.zeros(3, 4, device=d).index_add(0, _t([7], d), torch.ones(1, 4, device=d)),
+    "index_add-inner-dim": lambda d: torch.zeros(3, 4, device=d).index_add(1, _t([7], d), torch.ones(3, 1, device=d)),
+    "index_add-middle-dim": lambda d: torch.zeros(2, 3, 4, device=d).index_add(1, _t([7], d),
+                                                                                torch.ones(2, 1, 4, device=d)),
+    "index_select-dim1": lambda d: torch.zeros(3, 4, device=d).index_select(1, _t([0, 7], d)),
+    "index_select-last-dim": lambda d: torch.zeros(2, 3, 4, device=d).index_select(2, _t([7], d)),
     "index_copy": lambda d: torch.zeros(3, device=d).index_copy(0, _t([5], d), _t([1.0], d)),
     "index_fill": lambda d: torch.zeros(3, device=d).index_fill(0, _t([-4], d), 1.0),
     "take": lambda d: _t([1.0, 2.0], d).take(_t([5], d)),

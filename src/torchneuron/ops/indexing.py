@@ -66,8 +66,8 @@ def _check_index_add_shapes(x, dim, index, source, **kwargs):
                            f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
 
 
-def _along_dim(x, dim, index, message="index out of range in self", negative=False):
-    checks.index_in_range(index, x.shape[dim], message=message, negative=negative)
+def _along_dim(x, dim, index, message="index out of range in self", negative=False, error_type=IndexError):
+    checks.index_in_range(index, x.shape[dim], error_type, message, negative=negative)
     key = [slice(None)] * x.ndim
     key[dim] = index
     return tuple(key)
@@ -76,6 +76,9 @@ def _along_dim(x, dim, index, message="index out of range in self", negative=Fal
 @lower(aten.index_select)
 @_vector_if_scalar
 def index_select(x, dim, index):
+    if dim == 1 and x.ndim > 1:  # the CPU kernel's own path for dim 1, and its message
+        message = f"INDICES element is out of DATA bounds, id={{}} axis_dim={x.shape[1]}"
+        return x[_along_dim(x, dim, index, message, error_type=RuntimeError)]
     return x[_along_dim(x, dim, index)]
 
 
@@ -185,7 +188,11 @@ def _index_reduce(x, dim, index, source, reduce, include_self):
 @_vector_if_scalar
 def index_add(x, dim, index, source, *, alpha=1):
     source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)
-    return _reduce_into(x, _along_dim(x, dim, index), source, "sum", True)
+    if x.ndim > 1 and dim in (0, x.ndim - 1):  # the CPU kernel's paths for the outer and inner dimensions
+        key = _along_dim(x, dim, index, _out_of_bounds(dim, x.shape[dim]), error_type=RuntimeError)
+    else:
+        key = _along_dim(x, dim, index)
+    return _reduce_into(x, key, source, "sum", True)
 
 
 @lower(aten.index_copy)
