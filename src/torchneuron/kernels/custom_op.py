@@ -16,7 +16,7 @@ def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_gri
     """Register `kernel` as the op `name` ("namespace::op"); returns the op (a torch CustomOpDef).
 
     The kernel's arguments are annotated as for torch.library.custom_op (torch.Tensor, float, int...).
-    `grid` is a tuple or a function of the arguments (tensors have .shape) returning one.
+    `grid` is a tuple or a function of the kernel's arguments (in order; tensors have .shape) returning one.
     `backward` is a kernel taking the forward's arguments, then its outputs, then their gradients, and
     returning one gradient per tensor argument (it becomes the op `name + "_backward"`, launched on
     `backward_grid`); or a Python function (inputs, outputs, grads) -> gradients of torch code.
@@ -58,7 +58,7 @@ def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_gri
 
 
 def _launch(kernel, grid, **arguments):
-    grid = grid(**arguments) if callable(grid) else grid
+    grid = grid(*arguments.values()) if callable(grid) else grid
     return kernel[grid].lower(**arguments)
 
 

@@ -269,6 +269,8 @@ divide = _binary("divide", lambda xp, a, b: a / b)
 maximum = _binary("maximum", lambda xp, a, b: xp.maximum(a, b))
 minimum = _binary("minimum", lambda xp, a, b: xp.minimum(a, b))
 power = _binary("power", lambda xp, a, b: a ** b)
+remainder = _binary("remainder", lambda xp, a, b: a % b)
+floor_divide = _binary("floor_divide", lambda xp, a, b: a // b)
 less = _binary("less", lambda xp, a, b: a < b, bool_)
 less_equal = _binary("less_equal", lambda xp, a, b: a <= b, bool_)
 greater = _binary("greater", lambda xp, a, b: a > b, bool_)
@@ -319,7 +321,8 @@ def _swap(fn):
     return lambda self, other: fn(other, self)
 
 
-for _name, _fn in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide), ("pow", power)):
+for _name, _fn in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide), ("pow", power),
+                   ("mod", remainder), ("floordiv", floor_divide)):
     setattr(Tile, f"__{_name}__", _fn)
     setattr(Tile, f"__r{_name}__", _swap(_fn))
 for _name, _fn in (("lt", less), ("le", less_equal), ("gt", greater), ("ge", greater_equal),
@@ -374,7 +377,7 @@ def matmul(x, y, *, transpose_x: bool = False):
         raise KernelError("psum", f"matmul output free size {n} > {MATMUL_FREE} float32 (one psum bank)")
     ctx = current()
     a, b = x.read(), y.read()
-    a = a if transpose_x else a.T
+    a = a.T if transpose_x else a
     return _tile(ctx.matmul(a, b), psum)
 
 
@@ -626,6 +629,7 @@ def _mask_array(mask, shape):
 def load(src, *, mask=None, other=0, dtype=None):
     """Copy an HBM window into a new sbuf tile. Elements where `mask` is False (it broadcasts against the
     tile) read `other`; a window reaching outside the tensor must mask those elements off."""
+    ctx = current()
     if not isinstance(src, HBMView):
         raise KernelError("load", f"load takes an HBM tensor window (x[...]), got {type(src).__name__}")
     if src.tensor.output:
@@ -635,7 +639,6 @@ def load(src, *, mask=None, other=0, dtype=None):
     if shape and shape[0] > PARTITIONS:
         raise KernelError("partition", f"load of {src.describe()} makes a tile with {shape[0]} partitions; at "
                                        f"most {PARTITIONS}")
-    ctx = current()
     mask_array = _mask_array(mask, shape)
     if mask_array is None and src.out_of_bounds() is not None:
         d, lo, hi = src.out_of_bounds()
@@ -647,12 +650,12 @@ def load(src, *, mask=None, other=0, dtype=None):
 
 def store(dst, value, *, mask=None):
     """Write a tile (or a scalar) into an output's window; only elements where `mask` holds are written."""
+    ctx = current()
     if not isinstance(dst, HBMView):
         raise KernelError("store", f"store takes an HBM tensor window (out[...]), got {type(dst).__name__}")
     if not dst.tensor.output:
         raise KernelError("read-only", f"store into {dst.tensor}: arguments are read-only; allocate an "
                                        "output with nk.ndarray(shape, dtype, buffer=nk.hbm)")
-    ctx = current()
     array = _array(value)
     shape = dst.shape
     if array.ndim and ctx.xp.broadcast_shapes(array.shape, shape) != shape:

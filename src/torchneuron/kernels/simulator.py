@@ -10,8 +10,8 @@ from .language import HBMTensor, Interpreter, float32, window_indices
 class _Independent:
     """An affine_range loop or the launch grid: accesses of memory from outside it, per iteration."""
 
-    def __init__(self, what, start):
-        self.what, self.start, self.iteration = what, start, None
+    def __init__(self, unit, start):
+        self.unit, self.start, self.iteration = unit, start, None
         self.log = {}
 
 
@@ -28,7 +28,7 @@ class Simulator(Interpreter):
         self.loops, self.outputs, self.output_at, self.pid = [], [], 0, ()
 
     def run(self, fn, arguments):
-        grid = _Independent("programs of the grid", self.seq)
+        grid = _Independent("program", self.seq)
         self.loops = [grid]
         result = None
         for n, pid in enumerate(np.ndindex(*self.grid)):
@@ -66,7 +66,7 @@ class Simulator(Interpreter):
         return range(n) if kind == "sequential" else self._affine(n)
 
     def _affine(self, n):
-        loop = _Independent("iterations of an affine_range", self.seq)
+        loop = _Independent("affine_range iteration", self.seq)
         self.loops.append(loop)
         try:
             for i in range(n):
@@ -83,16 +83,16 @@ class Simulator(Interpreter):
             if target.seq > loop.start:  # made inside the loop: private to the iteration that made it
                 born = dict(target.iters).get(id(loop))
                 if born != loop.iteration:
-                    raise KernelError("race", f"a tile made in {loop.what} {born} is used in {loop.what[:-1]} "
+                    raise KernelError("race", f"a tile made in {loop.unit} {born} is used in {loop.unit} "
                                               f"{loop.iteration}; carry state with sequential_range")
                 continue
             entries = loop.log.setdefault(key, [])
             for iteration, other, other_region, where in entries:
                 if iteration != loop.iteration and (kind, other) not in _COMPATIBLE and \
                         _overlap(region, other_region):
-                    raise KernelError("race", f"{kind} of {_name(target)} {list(region)} in {loop.what[:-1]} "
+                    raise KernelError("race", f"{kind} of {_name(target)} {list(region)} in {loop.unit} "
                                               f"{loop.iteration} overlaps a {other} of {list(other_region)} in "
-                                              f"{loop.what[:-1]} {iteration} (at line {where})")
+                                              f"{loop.unit} {iteration} (at line {where})")
             entries.append((loop.iteration, kind, region, user_line()[1]))
 
     def load(self, view, mask, other):
