@@ -307,3 +307,21 @@ def test_bad_launches_raise_pytorch_error_types():
         softmax_rows[0]
     with pytest.raises(RuntimeError, match="only inside a @kernel"):
         nk.load(None)
+
+
+@nk.kernel
+def gather_rows(x, index):
+    out = nk.ndarray((index.shape[0], x.shape[1]), x.dtype, buffer=nk.hbm)
+    rows = nk.load(index[:, None])
+    nk.store(out[...], nk.load(x[rows, :], mask=rows >= 0))  # CHECK
+    return out
+
+
+def test_indirect_load_gathers_rows_and_checks_its_indices():
+    x = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
+    index = np.array([3, 0, -1, 49, 7], np.int32)
+    expected = np.where(index[:, None] >= 0, x[index], 0)
+    simulated, lowered = both(gather_rows[()], x, index)
+    np.testing.assert_array_equal(simulated, expected)
+    np.testing.assert_array_equal(lowered, expected)
+    raises_at("out-of-bounds", gather_rows, "# CHECK", gather_rows.simulate, x, np.array([50], np.int32))

@@ -591,6 +591,10 @@ class HBMView:
                 raise KernelError("index", "a slice's size must be known: write x[nk.ds(start, size)] or "
                                            "start:start+size")
             return start, size, True
+        if isinstance(i, Tile):
+            if len(i.shape) != 2 or i.shape[1] != 1 or i.dtype.kind not in "iu":
+                raise KernelError("index", f"an indirect index is an int tile of shape [P, 1], got {i!r}")
+            return i, i.shape[0], True
         if isinstance(i, Index):
             return i, 1, False
         if isinstance(i, (int, np.integer)):
@@ -604,6 +608,8 @@ class HBMView:
     def out_of_bounds(self):
         """(dim, lo, hi) of the first dimension whose window may leave the tensor, else None."""
         for d, (start, size) in enumerate(zip(self.starts, self.sizes)):
+            if isinstance(start, Tile):
+                continue  # an indirect index: its values are checked where they are known (the simulator)
             lo, hi = _bounds(start)
             if lo < 0 or hi + size > self.tensor.shape[d]:
                 return d, lo, hi + size
@@ -612,6 +618,10 @@ class HBMView:
     def describe(self):
         return f"{self.tensor}, window start {[_bounds(s) if isinstance(s, Index) else s for s in self.starts]} " \
                f"size {self.sizes}"
+
+    @property
+    def indirect(self):
+        return any(isinstance(s, Tile) for s in self.starts)
 
     def region(self):
         return tuple((s, s + n) for s, n in zip(self.starts, self.sizes))
@@ -628,7 +638,8 @@ def _mask_array(mask, shape):
 
 def load(src, *, mask=None, other=0, dtype=None):
     """Copy an HBM window into a new sbuf tile. Elements where `mask` is False (it broadcasts against the
-    tile) read `other`; a window reaching outside the tensor must mask those elements off."""
+    tile) read `other`; a window reaching outside the tensor must mask those elements off. An int tile
+    [P, 1] as the index of a dimension gathers those P rows (an indirect load)."""
     ctx = current()
     if not isinstance(src, HBMView):
         raise KernelError("load", f"load takes an HBM tensor window (x[...]), got {type(src).__name__}")
@@ -653,6 +664,9 @@ def store(dst, value, *, mask=None):
     ctx = current()
     if not isinstance(dst, HBMView):
         raise KernelError("store", f"store takes an HBM tensor window (out[...]), got {type(dst).__name__}")
+    if dst.indirect:
+        raise NotImplementedError("torchneuron.kernels: stores through an indirect (tile) index are not supported; "
+                                  "gather with load instead, or report the use case at the project's issue tracker")
     if not dst.tensor.output:
         raise KernelError("read-only", f"store into {dst.tensor}: arguments are read-only; allocate an "
                                        "output with nk.ndarray(shape, dtype, buffer=nk.hbm)")
@@ -698,8 +712,12 @@ def window_indices(xp, view):
     nd, extent = len(view.sizes), view.tensor.shape
     indices, valid = [], True
     for d, (start, size) in enumerate(zip(view.starts, view.sizes)):
-        start = start.value if isinstance(start, Index) else start
-        idx = (start + xp.arange(size)).reshape([size if e == d else 1 for e in range(nd)])
+        shape = [size if e == d else 1 for e in range(nd)]
+        if isinstance(start, Tile):
+            idx = start.read().reshape(shape)
+        else:
+            start = start.value if isinstance(start, Index) else start
+            idx = (start + xp.arange(size)).reshape(shape)
         valid = valid & (idx >= 0) & (idx < extent[d])
         indices.append(xp.clip(idx, 0, extent[d] - 1))
     return tuple(indices), xp.broadcast_to(valid, tuple(view.sizes))

@@ -36,7 +36,8 @@ class Lowering(Interpreter):
 
     def load(self, view, mask, other):
         data = view.tensor.data
-        if mask is not None:
+        if mask is not None or view.indirect:
+            mask = True if mask is None else mask
             indices, valid = window_indices(jnp, view)
             values = data[indices].reshape(view.shape)
             return jnp.where(mask & valid.reshape(view.shape), values, jnp.asarray(other).astype(data.dtype))

@@ -97,8 +97,9 @@ class Simulator(Interpreter):
 
     def load(self, view, mask, other):
         data = view.tensor.data
-        if mask is None:
+        if mask is None and not view.indirect:
             return data[tuple(slice(s, s + n) for s, n in zip(view.starts, view.sizes))].reshape(view.shape)
+        mask = np.ones(view.shape, bool) if mask is None else mask
         indices, valid = window_indices(np, view)
         valid = valid.reshape(view.shape)
         _check_masked(view, valid, mask, "load")
