@@ -56,8 +56,10 @@ class Launch:
         except TypeError as e:
             raise TypeError(f"kernel {self.kernel.name}: {e}") from None
         bound.apply_defaults()
+        params = self.kernel.signature.parameters
         return {name: HBMTensor(name, value.shape, as_dtype(value.dtype), convert(name, value))
-                if _is_array(value) else value for name, value in bound.arguments.items()}
+                if _is_array(value) and _holds_tensor(params[name], value) else value
+                for name, value in bound.arguments.items()}
 
     def simulate(self, *args, **kwargs):
         """Run on NumPy with every check; returns NumPy arrays, or CPU tensors for tensor arguments."""
@@ -80,6 +82,17 @@ class Launch:
 
 def _is_array(value):
     return isinstance(value, (np.ndarray, jax.Array, torch.Tensor, jax.ShapeDtypeStruct))
+
+
+_SCALARS = (float, int, bool)
+
+
+def _holds_tensor(param, value):
+    """An argument is an HBM tensor unless annotated as a scalar, or a 0-d array without annotation (a
+    traced float from a lowering)."""
+    if param.annotation in _SCALARS:
+        return False
+    return param.annotation is not inspect.Parameter.empty or len(value.shape) > 0
 
 
 def _to_numpy(name, value):
