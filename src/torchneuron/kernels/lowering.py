@@ -14,7 +14,7 @@ from .language import HBMTensor, Index, Interpreter, float32, window_indices
 class Lowering(Interpreter):
     def __init__(self, kernel_name, grid, program_values):
         super().__init__(kernel_name, grid, jnp)
-        self.program_values, self.outputs, self.stores = program_values, [], []
+        self.program_values, self.outputs, self.stores, self.pads = program_values, [], [], {}
 
     def program_id(self, axis):
         return Index.program(self.program_values[axis], axis, self.grid[axis])
@@ -36,15 +36,28 @@ class Lowering(Interpreter):
 
     def load(self, view, mask, other):
         data = view.tensor.data
-        if mask is not None or view.indirect:
+        if view.indirect:
             mask = True if mask is None else mask
             indices, valid = window_indices(jnp, view)
             values = data[indices].reshape(view.shape)
+            return jnp.where(mask & valid.reshape(view.shape), values, jnp.asarray(other).astype(data.dtype))
+        if mask is not None:  # a slice of the tensor padded by the window: the pad is shared by all programs
+            _, valid = window_indices(jnp, view)
+            pads = tuple((n, n) for n in view.sizes)
+            starts = [jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32) + n
+                      for s, n in zip(view.starts, view.sizes)]
+            values = lax.dynamic_slice(self.padded(view.tensor, pads), starts, view.sizes).reshape(view.shape)
             return jnp.where(mask & valid.reshape(view.shape), values, jnp.asarray(other).astype(data.dtype))
         if all(isinstance(s, int) for s in view.starts):
             return data[tuple(slice(s, s + n) for s, n in zip(view.starts, view.sizes))].reshape(view.shape)
         starts = [jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32) for s in view.starts]
         return lax.dynamic_slice(data, starts, view.sizes).reshape(view.shape)
+
+    def padded(self, tensor, pads):
+        key = (id(tensor), pads)
+        if key not in self.pads:
+            self.pads[key] = jnp.pad(tensor.data, pads)
+        return self.pads[key]
 
     def store(self, view, value, mask):
         starts = jnp.stack([jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32)

@@ -1,0 +1,100 @@
+"""torchneuron.kernels.lib: each kernel forward and backward against the PyTorch reference on the CPU, in
+float32 and bfloat16 (the reference computes in float32 from the same rounded inputs)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchneuron.kernels import lib
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def relative(a, b):
+    return ((a.detach().cpu().float() - b.detach().float()).norm() / b.detach().float().norm().clamp_min(1e-12)).item()
+
+
+def check(entry, reference, inputs, dtype, *, grad_of=None, tol=None, out=lambda o: o):
+    """entry(*neuron inputs) against reference(*float32 CPU inputs): outputs and the gradients of a random
+    projection of the output with respect to the inputs whose positions are in `grad_of`."""
+    tol = tol or (2e-5 if dtype == torch.float32 else 2e-2)
+    inputs = [t.to(dtype) if t.is_floating_point() else t for t in inputs]
+    grad_of = range(len(inputs)) if grad_of is None else grad_of
+    ref_in = [t.detach().float().clone().requires_grad_(i in grad_of) if t.is_floating_point() else t for i, t in enumerate(inputs)]
+    dev_in = [t.detach().to("neuron").requires_grad_(i in grad_of) if t.is_floating_point() else t.to("neuron")
+              for i, t in enumerate(inputs)]
+    expected, got = out(reference(*ref_in)), out(entry(*dev_in))
+    assert got.device.type == "neuron" and got.dtype == dtype and got.shape == expected.shape
+    assert relative(got, expected) < tol
+    weight = torch.randn(expected.shape)
+    (expected * weight).sum().backward()
+    (got * weight.to(dtype).to("neuron")).sum().backward()
+    for i in grad_of:
+        assert dev_in[i].grad is not None and dev_in[i].grad.dtype == dtype, i
+        assert relative(dev_in[i].grad, ref_in[i].grad) < tol, (i, relative(dev_in[i].grad, ref_in[i].grad))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm(dtype):
+    def reference(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    check(lib.rms_norm, reference, [torch.randn(3, 50, 96), torch.randn(96)], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_fused_with_the_residual_add(dtype):
+    def reference(x, w, b, r):
+        h = x + r
+        return torch.cat([F.layer_norm(h, (96,), w, b), h], -1)
+
+    def entry(x, w, b, r):
+        return torch.cat(lib.layer_norm(x, w, b, residual=r), -1)
+    check(entry, reference, [torch.randn(150, 96), torch.randn(96), torch.randn(96), torch.randn(150, 96)], dtype)
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, -1)
+    return torch.cat((-b, a), -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_as_transformers_applies_it(dtype):
+    def reference(x, cos, sin):
+        return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+    angles = torch.rand(2, 140, 8) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    check(lib.rope, reference, [torch.randn(2, 3, 140, 16), cos, sin], dtype, grad_of=[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu(dtype):
+    def reference(x, wg, wu, wd):
+        return (F.silu(x @ wg) * (x @ wu)) @ wd
+    check(lib.swiglu, reference, [torch.randn(2, 70, 160), torch.randn(160, 600) / 12, torch.randn(160, 600) / 12,
+                                  torch.randn(600, 160) / 24], dtype)
+
+
+def _attention_reference(causal=False, window=None, segments=None):
+    def reference(q, k, v):
+        heads, kv_heads, queries, keys = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+        k, v = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))
+        i, j = torch.arange(queries)[:, None], torch.arange(keys)[None]
+        mask = torch.ones(queries, keys, dtype=torch.bool)
+        if causal:
+            mask &= j <= i
+        if window is not None:
+            mask &= (j >= i - window[0]) & (j <= i + window[1])
+        if segments is not None:
+            mask &= segments[:, None] == segments[None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return reference
+
+
+@pytest.mark.parametrize("dtype, causal, window, kv_heads", [
+    (torch.float32, True, None, 2),       # causal, GQA
+    (torch.float32, False, (20, 30), 1),  # sliding window, MQA
+    (torch.bfloat16, True, (40, 0), 4),   # causal sliding window, MHA
+])
+def test_flash_attention(dtype, causal, window, kv_heads):
+    q, k, v = torch.randn(2, 4, 200, 32), torch.randn(2, kv_heads, 150, 32), torch.randn(2, kv_heads, 150, 32)
+    check(lambda q, k, v: lib.flash_attention(q, k, v, causal=causal, window=window),
+          _attention_reference(causal, window), [q, k, v], dtype)
