@@ -98,3 +98,67 @@ def test_flash_attention(dtype, causal, window, kv_heads):
     q, k, v = torch.randn(2, 4, 200, 32), torch.randn(2, kv_heads, 150, 32), torch.randn(2, kv_heads, 150, 32)
     check(lambda q, k, v: lib.flash_attention(q, k, v, causal=causal, window=window),
           _attention_reference(causal, window), [q, k, v], dtype)
+
+
+def test_flash_attention_behind_sdpa_on_request():
+    q, k, v = (torch.randn(1, 4, 130, 16, device="neuron", requires_grad=True) for _ in range(3))
+    seen = []
+
+    with lib.use_for_sdpa():
+        from torchneuron.ops import attention
+        kernel = attention.kernel_override
+        attention.kernel_override = lambda *a, **kw: seen.append(kw) or kernel(*a, **kw)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.sum().backward()
+        attention.kernel_override = kernel
+    assert attention.kernel_override is None and seen == [dict(causal=True, scale=None, dropout_p=0.0)]
+    expected = _attention_reference(causal=True)(*(t.detach().cpu() for t in (q, k, v)))
+    torch.testing.assert_close(out.detach().cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert q.grad is not None
+
+
+def test_flash_attention_dropout_draws_from_the_device_generator():
+    q, k, v = torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16)
+    qn, kn, vn = (t.to("neuron").requires_grad_() for t in (q, k, v))
+    torch.manual_seed(7)
+    seed = lib.flash_attention_seed(qn, 0.3)
+    torch.manual_seed(7)
+    out = lib.flash_attention(qn, kn, vn, dropout_p=0.3)
+    torch.manual_seed(7)
+    again = lib.flash_attention(qn, kn, vn, dropout_p=0.3)
+    torch.testing.assert_close(out, again)
+    keep = lib.dropout_keep(qn, kn, seed, 0.3).cpu()
+    assert abs(keep.float().mean().item() - 0.7) < 0.02
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    probabilities = torch.softmax(qr @ kr.transpose(-1, -2) / 4, -1)
+    expected = (probabilities * keep / 0.7) @ vr
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    weight = torch.randn(expected.shape)
+    (expected * weight).sum().backward()
+    (out * weight.to("neuron")).sum().backward()
+    for got, want in ((qn, qr), (kn, kr), (vn, vr)):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_flash_attention_variable_length():
+    lengths = [70, 150, 40]
+    cu_seqlens = torch.tensor([0, 70, 220, 260], dtype=torch.int32)
+    q, k, v = torch.randn(260, 4, 16), torch.randn(260, 2, 16), torch.randn(260, 2, 16)
+    segments = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+
+    def reference(q, k, v):
+        pack = (lambda t: t.transpose(0, 1)[None])
+        return _attention_reference(causal=True, segments=segments)(pack(q), pack(k), pack(v))[0].transpose(0, 1)
+
+    check(lambda q, k, v: lib.flash_attention(q, k, v, causal=True, cu_seqlens=cu_seqlens.to("neuron")),
+          reference, [q, k, v], torch.float32)
+
+
+def test_flash_attention_bad_input():
+    q = torch.randn(1, 3, 8, 16, device="neuron")
+    with pytest.raises(RuntimeError, match="3 query heads do not group over 2"):
+        lib.flash_attention(q, torch.randn(1, 2, 8, 16, device="neuron"), torch.randn(1, 2, 8, 16, device="neuron"))
+    with pytest.raises(TypeError, match="share a floating point dtype"):
+        lib.flash_attention(q, q.half(), q)
+    with pytest.raises(ValueError, match="dropout_p"):
+        lib.flash_attention(q, q, q, dropout_p=1.5)

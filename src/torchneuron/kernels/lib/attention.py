@@ -291,3 +291,21 @@ def dropout_keep(q, k, seed, dropout_p):
 def flash_attention_seed(q, dropout_p):
     """The seed tensor flash_attention draws from the device generator (the same draw as a call would make)."""
     return _seed(q, dropout_p)
+
+
+class use_for_sdpa:
+    """Route F.scaled_dot_product_attention on neuron tensors (without attn_mask, where the built-in fused
+    lowering would run) to flash_attention. Call `use_for_sdpa(True)` / `use_for_sdpa(False)`, or use it
+    as a context manager (`with use_for_sdpa():`) that restores the previous choice."""
+
+    def __init__(self, enabled: bool = True):
+        from ...ops import attention
+        self.previous = attention.kernel_override
+        attention.kernel_override = flash_attention if enabled else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        from ...ops import attention
+        attention.kernel_override = self.previous
