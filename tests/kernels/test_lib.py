@@ -162,3 +162,15 @@ def test_flash_attention_bad_input():
         lib.flash_attention(q, q.half(), q)
     with pytest.raises(ValueError, match="dropout_p"):
         lib.flash_attention(q, q, q, dropout_p=1.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_cross_entropy_without_the_logits_gradient(dtype):
+    target = torch.randint(0, 700, (3, 50))
+    target[0, :5] = -100
+
+    def reference(h, w):
+        return F.cross_entropy((h @ w.t()).reshape(-1, 700), target.reshape(-1)).reshape(1)
+
+    check(lambda h, w: lib.linear_cross_entropy(h, w, target.to("neuron")).reshape(1), reference,
+          [torch.randn(3, 50, 160), torch.randn(700, 160) / 10], dtype)

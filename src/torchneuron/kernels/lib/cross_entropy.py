@@ -1,0 +1,150 @@
+"""Softmax cross-entropy of a linear layer's logits over a large vocabulary, fused with that layer:
+loss = CE(hidden @ weight.T, target). Logits are made 512 vocabulary entries at a time and never
+stored; neither is their gradient: the backward recomputes each slice and turns it straight into the
+hidden states' gradient (per 128 rows) and the weight's (per 128 vocabulary entries)."""
+import torch
+
+import torchneuron.kernels as nk
+
+from .common import P, blocks, row_block, row_grid
+
+V_TILE = 512
+
+
+def _logits(h_tiles, weight_t, d, v0, width):
+    """[128, width] logits of the rows held in `h_tiles` (their 128-deep slices) for vocabulary v0.."""
+    acc = nk.zeros((P, width), nk.float32, buffer=nk.psum)
+    for ht, k in zip(h_tiles, range(0, d, P)):
+        acc += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), v0:v0 + width]))
+    return acc
+
+
+def _row_tiles(hidden, rows, valid, d):
+    return [nk.load(hidden[rows, k:k + min(P, d - k)], mask=valid) for k in range(0, d, P)]
+
+
+def _gradient_of_logits(logits, lse, target_t, grad_t, v0, width):
+    """d loss / d logits of a slice: (softmax - onehot(target)) * the row's loss gradient (none for ignored
+    rows, whose target is -1)."""
+    onehot = nk.iota((1, width), 1) + v0 == target_t
+    return (nk.exp(logits - lse) - nk.where(onehot, 1.0, 0.0)) * nk.where(target_t >= 0, grad_t, 0.0)
+
+
+@nk.kernel
+def linear_cross_entropy_forward(hidden: torch.Tensor, weight_t: torch.Tensor, target: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the loss (lse - target logit; 0 for targets outside the vocabulary) and the lse."""
+    (n, d), vocab = hidden.shape, weight_t.shape[1]
+    loss = nk.ndarray((n, 1), nk.float32, buffer=nk.hbm)
+    lse_out = nk.ndarray((n, 1), nk.float32, buffer=nk.hbm)
+    rows, valid = row_block(nk.program_id(0), n)
+    h_tiles = _row_tiles(hidden, rows, valid, d)
+    target_t = nk.load(target[rows, None], mask=valid, other=-1)
+    m = nk.full((P, 1), -1e30, nk.float32)
+    l = nk.zeros((P, 1), nk.float32)
+    picked = nk.zeros((P, 1), nk.float32)
+    for v0 in range(0, vocab, V_TILE):
+        width = min(V_TILE, vocab - v0)
+        logits = _logits(h_tiles, weight_t, d, v0, width)
+        m_new = nk.maximum(m, nk.max(logits))
+        l = l * nk.exp(m - m_new) + nk.sum(nk.exp(logits - m_new))
+        m = m_new
+        picked = picked + nk.sum(nk.where(nk.iota((1, width), 1) + v0 == target_t, logits, 0.0))
+    lse = m + nk.log(l)
+    known = (target_t >= 0) & (target_t < vocab)
+    nk.store(loss[rows, :], nk.where(known, lse - picked, 0.0), mask=valid)
+    nk.store(lse_out[rows, :], lse, mask=valid)
+    return loss, lse_out
+
+
+@nk.kernel
+def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight_t: torch.Tensor, weight: torch.Tensor,
+                                         target: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor
+                                         ) -> torch.Tensor:
+    (n, d), vocab = hidden.shape, weight_t.shape[1]
+    d_hidden = nk.ndarray((n, d), hidden.dtype, buffer=nk.hbm)
+    rows, valid = row_block(nk.program_id(0), n)
+    h_tiles = _row_tiles(hidden, rows, valid, d)
+    target_t = nk.load(target[rows, None], mask=valid, other=-1)
+    lse_t = nk.load(lse[rows, :], mask=valid)
+    grad_t = nk.load(grad[rows, :], mask=valid)
+    acc = nk.zeros((P, d), nk.float32)
+    for v0 in range(0, vocab, V_TILE):
+        width = min(V_TILE, vocab - v0)
+        d_logits = _gradient_of_logits(_logits(h_tiles, weight_t, d, v0, width), lse_t, target_t, grad_t, v0, width)
+        for c in range(0, width, P):
+            depth = min(P, width - c)
+            for d0 in range(0, d, V_TILE):
+                cols = min(V_TILE, d - d0)
+                acc[:, d0:d0 + cols] += nk.matmul(d_logits[:, c:c + depth],
+                                                  nk.load(weight[v0 + c:v0 + c + depth, d0:d0 + cols]))
+    nk.store(d_hidden[rows, :], acc, mask=valid)
+    return d_hidden
+
+
+@nk.kernel
+def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight_t: torch.Tensor, target: torch.Tensor,
+                                         lse: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The weight's gradient for 128 vocabulary entries, over all rows."""
+    (n, d), vocab = hidden.shape, weight_t.shape[1]
+    d_weight = nk.ndarray((vocab, d), weight_t.dtype, buffer=nk.hbm)
+    v = nk.program_id(0)
+    entries = nk.ds(v * P, P)
+    entry_ok = nk.iota((1, P), 1) + v * P < vocab
+    acc = nk.zeros((P, d), nk.float32)
+    for i in nk.sequential_range(blocks(n)):
+        rows, valid = row_block(i, n)
+        h_tiles = _row_tiles(hidden, rows, valid, d)
+        logits = nk.zeros((P, P), nk.float32, buffer=nk.psum)
+        for ht, k in zip(h_tiles, range(0, d, P)):
+            logits += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), entries], mask=entry_ok))
+        d_logits = _gradient_of_logits(logits, nk.load(lse[rows, :], mask=valid),
+                                       nk.load(target[rows, None], mask=valid, other=-1),
+                                       nk.load(grad[rows, :], mask=valid), v * P, P)
+        d_logits = nk.where(entry_ok & valid, d_logits, 0.0)
+        for d0 in range(0, d, V_TILE):
+            cols = min(V_TILE, d - d0)
+            acc[:, d0:d0 + cols] += nk.matmul(d_logits, nk.load(hidden[rows, d0:d0 + cols], mask=valid),
+                                              transpose_x=True)
+    nk.store(d_weight[entries, :], acc, mask=nk.transpose(entry_ok))
+    return d_weight
+
+
+def _backward(inputs, outputs, grads):
+    hidden, weight_t, target = inputs
+    _, lse = outputs
+    grad = grads[0].contiguous()
+    weight = weight_t.t().contiguous()
+    d_hidden = _backward_hidden(hidden, weight_t, weight, target, lse, grad)
+    d_weight = _backward_weight(hidden, weight_t, target, lse, grad)
+    return d_hidden, d_weight.t(), None
+
+
+_backward_hidden = nk.custom_op("torchneuron_kernels::linear_cross_entropy_backward_hidden",
+                                linear_cross_entropy_backward_hidden, grid=row_grid)
+_backward_weight = nk.custom_op("torchneuron_kernels::linear_cross_entropy_backward_weight",
+                                linear_cross_entropy_backward_weight,
+                                grid=lambda hidden, weight_t, *rest: (blocks(weight_t.shape[1]),))
+_forward = nk.custom_op("torchneuron_kernels::linear_cross_entropy", linear_cross_entropy_forward, grid=row_grid,
+                        backward=_backward)
+
+
+def linear_cross_entropy(hidden, weight, target, *, ignore_index: int = -100, reduction: str = "mean"):
+    """F.cross_entropy(hidden @ weight.T, target) for hidden [..., d], weight [vocab, d] (an nn.Linear's or a
+    tied embedding's) and target [...], without the logits or their gradient in memory."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"linear_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1] or target.shape != hidden.shape[:-1]:
+        raise RuntimeError(f"linear_cross_entropy: expected hidden [..., d], weight [vocab, d], target [...]; got "
+                           f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(target.shape)}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"linear_cross_entropy: target must be an integer tensor, got {target.dtype}")
+    flat_target = target.reshape(-1)
+    counted = flat_target != ignore_index
+    kernel_target = torch.where(counted, flat_target, -1).to(torch.int32)
+    loss, _ = _forward(hidden.reshape(-1, hidden.shape[-1]).contiguous(), weight.t().contiguous(), kernel_target)
+    loss = loss.reshape(target.shape).to(hidden.dtype)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    return total if reduction == "sum" else total / counted.sum()
