@@ -174,3 +174,21 @@ def test_linear_cross_entropy_without_the_logits_gradient(dtype):
 
     check(lambda h, w: lib.linear_cross_entropy(h, w, target.to("neuron")).reshape(1), reference,
           [torch.randn(3, 50, 160), torch.randn(700, 160) / 10], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_adamw_steps_as_torch_optim_adamw(dtype):
+    shapes = [(30, 20), (7,), (300,)]
+    reference = [torch.randn(s).to(dtype) for s in shapes]
+    params = [p.to("neuron") for p in reference]
+    moments = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+    optimizer = torch.optim.AdamW([p.float().requires_grad_() for p in reference], lr=0.01, weight_decay=0.1)
+    for step in range(1, 4):
+        grads = [torch.randn(s).to(dtype) for s in shapes]
+        for p, g in zip(optimizer.param_groups[0]["params"], grads):
+            p.grad = g.float()
+        optimizer.step()
+        lib.adamw_step(params, [g.to("neuron") for g in grads], *moments, step=step, lr=0.01, weight_decay=0.1)
+    for got, want in zip(params, optimizer.param_groups[0]["params"]):
+        assert got.dtype == dtype
+        assert relative(got, want.to(dtype)) < (1e-6 if dtype == torch.float32 else 1e-2)

@@ -1,10 +1,11 @@
 """The kernel library: kernels written in torchneuron.kernels, called as plain functions of torch tensors
 with autograd."""
 from .cross_entropy import linear_cross_entropy
+from .adamw import adamw_step
 from .attention import dropout_keep, flash_attention, flash_attention_seed, use_for_sdpa
 from .matmul import matmul
 from .norms import layer_norm, rms_norm
 from .rope import rope
 from .swiglu import swiglu
 
-__all__ = ["linear_cross_entropy", "dropout_keep", "flash_attention", "flash_attention_seed", "use_for_sdpa", "layer_norm", "matmul", "rms_norm", "rope", "swiglu"]
+__all__ = ["adamw_step", "linear_cross_entropy", "dropout_keep", "flash_attention", "flash_attention_seed", "use_for_sdpa", "layer_norm", "matmul", "rms_norm", "rope", "swiglu"]
