@@ -192,3 +192,83 @@ def test_fused_adamw_steps_as_torch_optim_adamw(dtype):
     for got, want in zip(params, optimizer.param_groups[0]["params"]):
         assert got.dtype == dtype
         assert relative(got, want.to(dtype)) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def moe_reference(layer, x):
+    """The eager composition the MoE kernels replace: dense per-expert compute, masks for routing."""
+    logits = layer.router(x)
+    capacity, experts = layer.capacity(x.shape[0]), layer.experts
+    top = logits.topk(layer.k).indices
+    weight = torch.softmax(logits, -1).gather(1, top)
+    weight = weight / weight.sum(-1, keepdim=True)
+    counts, out = torch.zeros(experts), torch.zeros_like(x)
+    for choice in range(layer.k):
+        onehot = F.one_hot(top[:, choice], experts).float()
+        position = ((onehot.cumsum(0) - onehot + counts) * onehot).sum(-1)
+        counts = counts + onehot.sum(0)
+        for e in range(experts):
+            routed = ((top[:, choice] == e) & (position < capacity)).float() * weight[:, choice]
+            out = out + routed[:, None] * (F.silu(x @ layer.w1[e]) @ layer.w2[e])
+    return out
+
+
+def test_moe_pieces_against_torch():
+    torch.manual_seed(0)
+    logits = torch.randn(300, 8)
+    chosen, slots = lib.route(logits.to("neuron"), 2, 80)
+    assert torch.equal(chosen.cpu(), logits.topk(2).indices.int())
+    assert (slots.cpu() == -1).sum() > 0 and slots.cpu().max() == 79
+    check(lib.grouped_matmul, lambda a, b: a @ b, [torch.randn(3, 140, 70), torch.randn(3, 70, 40)], torch.float32)
+    slot = torch.tensor([[0, 3], [2, -1], [-1, 1]], dtype=torch.int32)
+    x = torch.randn(3, 5)
+    buffer = lib.permute(x.to("neuron"), slot.to("neuron"), 4).cpu()
+    torch.testing.assert_close(buffer, torch.stack([x[0], x[2], x[1], x[0]]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_layer_forward_and_backward(dtype):
+    torch.manual_seed(0)
+    layer = lib.MoE(32, 64, experts=4, k=2, capacity_factor=1.0)
+    device_layer = lib.MoE(32, 64, experts=4, k=2, capacity_factor=1.0)
+    device_layer.load_state_dict(layer.state_dict())
+    device_layer.to(device="neuron", dtype=dtype)
+
+    def entry(x, router, w1, w2):
+        return torch.func.functional_call(device_layer, {"router.weight": router, "w1": w1, "w2": w2}, (x,))
+
+    def reference(x, router, w1, w2):
+        return moe_reference(_Bound(layer, router, w1, w2), x)
+
+    check(entry, reference, [torch.randn(150, 32), layer.router.weight.detach(), layer.w1.detach(),
+                             layer.w2.detach()], dtype, tol=1e-4 if dtype == torch.float32 else 3e-2)
+
+
+class _Bound:
+    """A MoE layer's hyperparameters with given weights (for the functional reference)."""
+
+    def __init__(self, layer, router, w1, w2):
+        self.k, self.experts, self.capacity = layer.k, layer.experts, layer.capacity
+        self.router, self.w1, self.w2 = (lambda x: x @ router.t()), w1, w2
+
+
+def test_small_moe_trains_to_the_eager_reference_loss():
+    torch.manual_seed(0)
+    layer = lib.MoE(16, 32, experts=4, k=2)
+    device_layer = lib.MoE(16, 32, experts=4, k=2)
+    device_layer.load_state_dict(layer.state_dict())
+    device_layer.to("neuron")
+    x, y = torch.randn(200, 16), torch.randn(200, 16)
+    losses = []
+    for model, forward, inputs in ((layer, lambda m, a: moe_reference(m, a), (x, y)),
+                                   (device_layer, lambda m, a: m(a), (x.to("neuron"), y.to("neuron")))):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run = []
+        for _ in range(8):
+            loss = (forward(model, inputs[0]) - inputs[1]).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0][-1] < losses[0][0] * 0.9
+    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-5)
