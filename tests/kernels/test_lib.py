@@ -272,3 +272,25 @@ def test_small_moe_trains_to_the_eager_reference_loss():
         losses.append(run)
     assert losses[0][-1] < losses[0][0] * 0.9
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_attention_decode(dtype):
+    torch.manual_seed(0)
+    block_size, blocks, kv_heads, heads, dim = 16, 12, 2, 8, 32
+    k_cache, v_cache = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
+    block_table = torch.tensor([[3, 7, 1, 0], [5, 2, 11, 9], [4, -1, -1, -1]], dtype=torch.int32)
+    seq_lens = torch.tensor([40, 64, 9], dtype=torch.int32)
+    q = torch.randn(3, heads, dim)
+    expected = []
+    for b in range(3):
+        rows = torch.cat([torch.arange(block_size) + block_size * int(i) for i in block_table[b] if i >= 0])
+        rows = rows[:seq_lens[b]]
+        k = k_cache.reshape(-1, kv_heads, dim)[rows].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        v = v_cache.reshape(-1, kv_heads, dim)[rows].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        expected.append(F.scaled_dot_product_attention(q[b][:, None].to(dtype).float(), k.to(dtype).float(),
+                                                       v.to(dtype).float())[:, 0])
+    got = lib.paged_attention_decode(*(t.to(dtype).to("neuron") for t in (q, k_cache, v_cache)),
+                                     block_table.to("neuron"), seq_lens.to("neuron"))
+    assert got.dtype == dtype
+    assert relative(got, torch.stack(expected)) < (1e-5 if dtype == torch.float32 else 1e-2)
