@@ -1,0 +1,53 @@
+"""The library's kernels obey every rule: each runs in the simulator on small inputs (races, masks and
+bounds checked) and agrees with its JAX lowering."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from torchneuron.kernels.lib import attention, cross_entropy, mlp, moe, norms, paged_attention
+
+rng = np.random.default_rng(0)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def agree(launch, *args):
+    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    simulated = launch.simulate(*args)
+
+    def lowered(*xs):
+        it = iter(xs)
+        return launch.lower(*(next(it) if isinstance(a, np.ndarray) else a for a in args))
+    result = jax.jit(lowered)(*(jnp.asarray(a) for a in arrays))
+    simulated = simulated if isinstance(simulated, tuple) else (simulated,)
+    result = result if isinstance(result, tuple) else (result,)
+    for s, r in zip(simulated, result):
+        np.testing.assert_allclose(np.asarray(r, np.float32), np.asarray(s, np.float32), rtol=2e-4, atol=2e-5)
+    return simulated
+
+
+CASES = {
+    "norm": lambda: (norms.norm_forward[2], randn(130, 40), randn(40), randn(40), randn(130, 40), 1e-5, True),
+    "swiglu": lambda: (mlp.swiglu_forward[1], randn(60, 130), randn(130, 70) / 10, randn(130, 70) / 10,
+                       randn(70, 130) / 10),
+    "attention": lambda: (attention.attention_forward[1, 2, 2], randn(1, 2, 130, 16), randn(1, 1, 140, 16),
+                          randn(1, 1, 140, 16), np.array([5], np.int32), None, None, 0.25, True, 50, -1, True, 0.2),
+    "attention_dkdv": lambda: (attention.attention_backward_dkdv[1, 2, 2], randn(1, 2, 130, 16), randn(1, 1, 140, 16),
+                               randn(1, 1, 140, 16), np.array([5], np.int32), np.zeros((1, 130), np.int32),
+                               np.zeros((1, 140), np.int32), randn(1, 2, 130, 16), randn(1, 2, 130, 16),
+                               randn(1, 2, 130, 1), 0.25, True, -1, -1, False, 0.0),
+    "cross_entropy": lambda: (cross_entropy.linear_cross_entropy_forward[2], randn(130, 40), randn(40, 600),
+                              rng.integers(-1, 600, 130).astype(np.int32)),
+    "router": lambda: (moe.router_kernel[()], randn(200, 6), 2, 50),
+    "paged_decode": lambda: (paged_attention.paged_decode_kernel[2, 2], randn(2, 4, 16), randn(64, 2, 16),
+                             randn(64, 2, 16), np.array([[1, 3], [2, -1]], np.int32), np.array([30, 9], np.int32),
+                             16, 0.25),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_library_kernel_in_the_simulator_agrees_with_its_lowering(case):
+    agree(*CASES[case]())
