@@ -7,6 +7,12 @@ import torch.nn.functional as F
 from torchneuron.kernels import lib
 
 DTYPES = [torch.float32, torch.bfloat16]
+SLOW = pytest.mark.slow  # the second dtype of a kernel the default run already covers in the first
+
+
+def dtypes(fast):
+    """Both dtypes, the one not named `fast` marked slow (compiling every kernel twice is most of the time)."""
+    return [d if d == fast else pytest.param(d, marks=SLOW) for d in DTYPES]
 
 
 def relative(a, b):
@@ -33,14 +39,14 @@ def check(entry, reference, inputs, dtype, *, grad_of=None, tol=None, out=lambda
         assert relative(dev_in[i].grad, ref_in[i].grad) < tol, (i, relative(dev_in[i].grad, ref_in[i].grad))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.float32))
 def test_rms_norm(dtype):
     def reference(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     check(lib.rms_norm, reference, [torch.randn(3, 50, 96), torch.randn(96)], dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.bfloat16))
 def test_layer_norm_fused_with_the_residual_add(dtype):
     def reference(x, w, b, r):
         h = x + r
@@ -56,7 +62,7 @@ def _rotate_half(x):
     return torch.cat((-b, a), -1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.float32))
 def test_rope_as_transformers_applies_it(dtype):
     def reference(x, cos, sin):
         return x * cos[:, None] + _rotate_half(x) * sin[:, None]
@@ -65,7 +71,7 @@ def test_rope_as_transformers_applies_it(dtype):
     check(lib.rope, reference, [torch.randn(2, 3, 140, 16), cos, sin], dtype, grad_of=[0])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.float32))
 def test_swiglu(dtype):
     def reference(x, wg, wu, wd):
         return (F.silu(x @ wg) * (x @ wu)) @ wd
@@ -91,7 +97,7 @@ def _attention_reference(causal=False, window=None, segments=None):
 
 @pytest.mark.parametrize("dtype, causal, window, kv_heads", [
     (torch.float32, True, None, 2),       # causal, GQA
-    (torch.float32, False, (20, 30), 1),  # sliding window, MQA
+    pytest.param(torch.float32, False, (20, 30), 1, marks=SLOW),  # sliding window, MQA
     (torch.bfloat16, True, (40, 0), 4),   # causal sliding window, MHA
 ])
 def test_flash_attention(dtype, causal, window, kv_heads):
@@ -164,7 +170,7 @@ def test_flash_attention_bad_input():
         lib.flash_attention(q, q, q, dropout_p=1.5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.bfloat16))
 def test_linear_cross_entropy_without_the_logits_gradient(dtype):
     target = torch.randint(0, 700, (3, 50))
     target[0, :5] = -100
@@ -176,7 +182,7 @@ def test_linear_cross_entropy_without_the_logits_gradient(dtype):
           [torch.randn(3, 50, 160), torch.randn(700, 160) / 10], dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.float32))
 def test_fused_adamw_steps_as_torch_optim_adamw(dtype):
     shapes = [(30, 20), (7,), (300,)]
     reference = [torch.randn(s).to(dtype) for s in shapes]
@@ -225,6 +231,7 @@ def test_moe_pieces_against_torch():
     torch.testing.assert_close(buffer, torch.stack([x[0], x[2], x[1], x[0]]))
 
 
+@SLOW  # test_small_moe_trains_to_the_eager_reference_loss checks the same gradients by training
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_layer_forward_and_backward(dtype):
     torch.manual_seed(0)
@@ -274,7 +281,7 @@ def test_small_moe_trains_to_the_eager_reference_loss():
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", dtypes(torch.bfloat16))
 def test_paged_attention_decode(dtype):
     torch.manual_seed(0)
     block_size, blocks, kv_heads, heads, dim = 16, 12, 2, 8, 32

@@ -42,12 +42,20 @@ CASES = {
     "cross_entropy": lambda: (cross_entropy.linear_cross_entropy_forward[2], randn(130, 40), randn(40, 600),
                               rng.integers(-1, 600, 130).astype(np.int32)),
     "router": lambda: (moe.router_kernel[()], randn(200, 6), 2, 50),
+    "gather_rows": lambda: (moe.gather_rows_kernel[2], randn(50, 24), rng.integers(-1, 50, 140).astype(np.int32),
+                            randn(140)),
+    "combine": lambda: (moe.combine_kernel[2], randn(60, 24), rng.integers(-1, 60, (130, 2)).astype(np.int32),
+                        randn(130, 2)),
+    "grouped_matmul": lambda: (moe.grouped_matmul_kernel[2, 2, 2], randn(2, 130, 140), randn(2, 140, 520)),
     "paged_decode": lambda: (paged_attention.paged_decode_kernel[2, 2], randn(2, 4, 16), randn(64, 2, 16),
                              randn(64, 2, 16), np.array([[1, 3], [2, -1]], np.int32), np.array([30, 9], np.int32),
                              16, 0.25),
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+FAST = {"attention", "norm", "router", "paged_decode", "combine"}
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)])
 def test_library_kernel_in_the_simulator_agrees_with_its_lowering(case):
     agree(*CASES[case]())

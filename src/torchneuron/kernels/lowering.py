@@ -36,24 +36,21 @@ class Lowering(Interpreter):
 
     def load(self, view, mask, other):
         data = view.tensor.data
+        fill = jnp.asarray(other).astype(data.dtype)
         if view.indirect:
-            mask = True if mask is None else mask
             indices, valid = window_indices(jnp, view)
-            values = data[indices].reshape(view.shape)
-            return jnp.where(mask & valid.reshape(view.shape), values, jnp.asarray(other).astype(data.dtype))
-        if mask is not None:  # a slice of the tensor padded by the window: the pad is shared by all programs
+            keep = valid.reshape(view.shape) if mask is None else mask & valid.reshape(view.shape)
+            return jnp.where(keep, data[indices].reshape(view.shape), fill)
+        pads = _pads(view)
+        if any(p != (0, 0) for p in pads):  # a window that can leave the tensor: slice a padded copy
+            values = _window(self.padded(view.tensor, pads), view, pads).reshape(view.shape)
             _, valid = window_indices(jnp, view)
-            pads = tuple((n, n) for n in view.sizes)
-            starts = [jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32) + n
-                      for s, n in zip(view.starts, view.sizes)]
-            values = lax.dynamic_slice(self.padded(view.tensor, pads), starts, view.sizes).reshape(view.shape)
-            return jnp.where(mask & valid.reshape(view.shape), values, jnp.asarray(other).astype(data.dtype))
-        if all(isinstance(s, int) for s in view.starts):
-            return data[tuple(slice(s, s + n) for s, n in zip(view.starts, view.sizes))].reshape(view.shape)
-        starts = [jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32) for s in view.starts]
-        return lax.dynamic_slice(data, starts, view.sizes).reshape(view.shape)
+            return jnp.where(mask & valid.reshape(view.shape), values, fill)
+        values = _window(data, view, pads).reshape(view.shape)
+        return values if mask is None else jnp.where(mask, values, fill)
 
     def padded(self, tensor, pads):
+        """The tensor padded for windows that can leave it: made once per launch, shared by all programs."""
         key = (id(tensor), pads)
         if key not in self.pads:
             self.pads[key] = jnp.pad(tensor.data, pads)
@@ -90,6 +87,27 @@ def run(kernel, grid, arguments):
     return picked[0] if plan["returned"].single else tuple(picked)
 
 
+def _pads(view):
+    """Per dimension, how far the window can reach below 0 and past the end (from its start's bounds)."""
+    pads = []
+    for start, size, extent in zip(view.starts, view.sizes, view.tensor.shape):
+        lo, hi = (start.lo, start.hi) if isinstance(start, Index) else (start, start)
+        pads.append((max(0, -lo), max(0, hi + size - extent)))
+    return tuple(pads)
+
+
+def _starts(view, pads):
+    return [s + lo if isinstance(s, int) else jnp.asarray(s.value, jnp.int32) + lo
+            for s, (lo, _) in zip(view.starts, pads)]
+
+
+def _window(data, view, pads):
+    starts = _starts(view, pads)
+    if all(isinstance(s, int) for s in starts):
+        return data[tuple(slice(s, s + n) for s, n in zip(starts, view.sizes))]
+    return lax.dynamic_slice(data, [jnp.asarray(s, jnp.int32) for s in starts], view.sizes)
+
+
 class _Picked(list):
     single = False
 
@@ -106,19 +124,17 @@ def _returned(kernel, returned, outputs):
 
 
 def _apply(out, view, starts, value, mask):
-    """Write every program's window (value [G, *sizes] at starts [G, ndim]) into `out`."""
+    """Write every program's window (value [G, *sizes] at starts [G, ndim]) into `out`: one scatter of
+    windows, into a padded copy where windows can leave the tensor; a masked store keeps the old values
+    where its mask is False."""
     nd = out.ndim
-    if mask is None:
-        numbers = lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, nd + 1)),
-                                              inserted_window_dims=(), scatter_dims_to_operand_dims=tuple(range(nd)))
-        return lax.scatter(out, starts, value, numbers, mode=lax.GatherScatterMode.CLIP)
-    programs = starts.shape[0]
-    shape = (programs, *view.sizes)
-    indices, keep = [], mask
-    for d, size in enumerate(view.sizes):
-        idx = starts[:, d].reshape((programs,) + (1,) * nd) + jnp.arange(size).reshape(
-            (1,) + tuple(size if e == d else 1 for e in range(nd)))
-        keep = keep & (idx >= 0) & (idx < out.shape[d])
-        indices.append(idx)
-    indices = [jnp.broadcast_to(jnp.where(keep, i, out.shape[d]), shape) for d, i in enumerate(indices)]
-    return out.at[tuple(indices)].set(value, mode="drop")
+    pads = _pads(view)
+    padded = jnp.pad(out, pads) if any(p != (0, 0) for p in pads) else out
+    starts = starts + jnp.asarray([lo for lo, _ in pads], jnp.int32)
+    if mask is not None:
+        old = jax.vmap(lambda s: lax.dynamic_slice(padded, list(s), view.sizes))(starts) if nd else padded[None]
+        value = jnp.where(mask, value, old)
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, nd + 1)), inserted_window_dims=(),
+                                          scatter_dims_to_operand_dims=tuple(range(nd)))
+    padded = lax.scatter(padded, starts, value, numbers, mode=lax.GatherScatterMode.CLIP)
+    return padded[tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, out.shape))]
