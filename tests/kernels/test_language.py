@@ -325,3 +325,18 @@ def test_indirect_load_gathers_rows_and_checks_its_indices():
     np.testing.assert_array_equal(simulated, expected)
     np.testing.assert_array_equal(lowered, expected)
     raises_at("out-of-bounds", gather_rows, "# CHECK", gather_rows.simulate, x, np.array([50], np.int32))
+
+
+@nk.kernel
+def checked(x, w):
+    nk.expect(x, dtype=(nk.float32, nk.bfloat16), shape=(None, 16))  # CHECK
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    nk.store(out[...], nk.exp(nk.load(x[...])) + nk.sum(nk.exp(nk.load(w[None, :]))))
+    return out
+
+
+def test_expect_names_the_argument_and_math_on_ints_is_float():
+    assert checked.simulate(np.zeros((4, 16), np.float32), np.zeros(3, np.int32))[0, 0] == 4.0
+    assert "argument 'x'" in str(raises_at("argument", checked, "# CHECK", checked.simulate,
+                                           np.zeros((4, 16), np.int32), np.zeros(3, np.int32)))
+    assert "(*, 16)" in str(raises_at("argument", checked, "# CHECK", checked, jnp.zeros((4, 8)), jnp.zeros(3)))

@@ -305,9 +305,14 @@ _UNARY = {
 }
 
 
+_INTEGRAL_STAYS = {"relu", "abs", "square", "negative", "logical_not"}
+
+
 def _unary(name, fn):
     def op(x, *, dtype=None):
-        return _elementwise(fn, x, dtype=dtype)
+        if dtype is None and name not in _INTEGRAL_STAYS and _result_dtype([x]).kind in "iub":
+            dtype = float32  # as torch.exp of an int tensor: a float result
+        return _elementwise(fn, x, dtype=dtype, compute=float32 if dtype == float32 else None)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Elementwise {name} of a tile (gelu: the tanh approximation)."
     return op
@@ -465,7 +470,7 @@ class Index:
             return const
         lo = const + builtins.sum(builtins.min(0, c * (s - 1)) for _, c, s in terms)
         hi = const + builtins.sum(builtins.max(0, c * (s - 1)) for _, c, s in terms)
-        value = const + builtins.sum(_term_value(self, a) * c for a, c, _ in terms)
+        value = const + builtins.sum(current().program_values[a] * c for a, c, _ in terms)
         return Index(value, terms, const, lo, hi)
 
     def __add__(self, other):
@@ -513,10 +518,6 @@ class Index:
                                           "slices and arithmetic, not in range() or if")
 
     __bool__ = __int__ = __index__
-
-
-def _term_value(index, axis):
-    return current().program_values[axis]
 
 
 class ds:
@@ -634,6 +635,21 @@ def _mask_array(mask, shape):
     if array.dtype != bool_:
         raise KernelError("mask", f"a mask is a bool tile, got {array.dtype}")
     return current().xp.broadcast_to(array, shape)
+
+
+def expect(tensor, *, dtype=None, shape=None):
+    """Check a kernel argument: `dtype` one dtype or a tuple of them, `shape` a tuple whose None entries
+    match any size. A mismatch is a KernelError naming the argument (rule "argument")."""
+    if not isinstance(tensor, HBMTensor):
+        raise KernelError("argument", f"expect() checks a tensor argument, got {type(tensor).__name__}")
+    if dtype is not None:
+        allowed = tuple(as_dtype(d) for d in (dtype if isinstance(dtype, (tuple, list)) else (dtype,)))
+        if tensor.dtype not in allowed:
+            raise KernelError("argument", f"{tensor} must have dtype {' or '.join(str(d) for d in allowed)}")
+    if shape is not None and (len(shape) != tensor.ndim or any(
+            want is not None and want != got for want, got in zip(shape, tensor.shape))):
+        wanted = tuple("*" if n is None else n for n in shape)
+        raise KernelError("argument", f"{tensor} must have shape {wanted}")
 
 
 def load(src, *, mask=None, other=0, dtype=None):
