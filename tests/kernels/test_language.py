@@ -339,4 +339,4 @@ def test_expect_names_the_argument_and_math_on_ints_is_float():
     assert checked.simulate(np.zeros((4, 16), np.float32), np.zeros(3, np.int32))[0, 0] == 4.0
     assert "argument 'x'" in str(raises_at("argument", checked, "# CHECK", checked.simulate,
                                            np.zeros((4, 16), np.int32), np.zeros(3, np.int32)))
-    assert "(*, 16)" in str(raises_at("argument", checked, "# CHECK", checked, jnp.zeros((4, 8)), jnp.zeros(3)))
+    assert "(*, 16)" in str(raises_at("argument", checked, "# CHECK", checked, jnp.zeros((4, 8), jnp.float32), jnp.zeros(3)))
