@@ -648,8 +648,8 @@ def expect(tensor, *, dtype=None, shape=None):
             raise KernelError("argument", f"{tensor} must have dtype {' or '.join(str(d) for d in allowed)}")
     if shape is not None and (len(shape) != tensor.ndim or any(
             want is not None and want != got for want, got in zip(shape, tensor.shape))):
-        wanted = tuple("*" if n is None else n for n in shape)
-        raise KernelError("argument", f"{tensor} must have shape {wanted}")
+        wanted = ", ".join("*" if n is None else str(n) for n in shape)
+        raise KernelError("argument", f"{tensor} must have shape ({wanted})")
 
 
 def load(src, *, mask=None, other=0, dtype=None):
