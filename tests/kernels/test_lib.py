@@ -301,3 +301,35 @@ def test_paged_attention_decode(dtype):
                                      block_table.to("neuron"), seq_lens.to("neuron"))
     assert got.dtype == dtype
     assert relative(got, torch.stack(expected)) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_library_kernels_compile_as_nodes_of_one_program():
+    from torchneuron import compile as neuron_compile
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(64))
+            self.linear = torch.nn.Linear(64, 64)
+
+        def forward(self, x, use_kernel=True):
+            if use_kernel:
+                return self.linear(lib.rms_norm(x, self.weight))
+            return self.linear(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight)
+
+    torch.manual_seed(0)
+    model = Block()
+    device_model = Block().to("neuron")
+    device_model.load_state_dict(model.state_dict())
+    x = torch.randn(130, 64)
+    torch._dynamo.reset()
+    neuron_compile.reset()
+    compiled = torch.compile(device_model, backend="neuron")
+    out = compiled(x.to("neuron"))
+    out.square().mean().backward()
+    expected = model(x, use_kernel=False)
+    expected.square().mean().backward()
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(device_model.weight.grad.cpu(), model.weight.grad, rtol=1e-4, atol=1e-5)
+    report = neuron_compile.report()
+    assert report["dynamo_graphs"] == 1 and report["graphs"] == 2 and not report["eager_ops"]
