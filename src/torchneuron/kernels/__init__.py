@@ -1,5 +1,6 @@
 """The kernel language (`import torchneuron.kernels as nk`): tile kernels checked by a NumPy simulator,
 lowered to JAX, and used from PyTorch as custom ops. See docs/kernels.md."""
+# flake8: noqa: F401  (the language's namespace)
 from .context import KernelError
 from .custom_op import custom_op
 from .kernel import Kernel, kernel

@@ -7,7 +7,7 @@ import torch
 
 import torchneuron.kernels as nk
 
-from .common import P, blocks, check_floating, check_last_dim, row_block, row_grid
+from .common import P, check_floating, check_last_dim, row_block, row_grid
 
 
 @nk.kernel
