@@ -291,9 +291,39 @@ def branches_on_a_tile(x):
     return out
 
 
+@nk.kernel
+def stores_the_wrong_shape(x):
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    nk.store(out[...], nk.load(x[:, 0:2]))  # CHECK
+    return out
+
+
+@nk.kernel
+def strided_tile_view(x):
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    nk.store(out[...], nk.load(x[...])[:, ::2])  # CHECK
+    return out
+
+
+@nk.kernel
+def float_mask(x):
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    nk.store(out[...], nk.load(x[...], mask=nk.load(x[...])))  # CHECK
+    return out
+
+
+@nk.kernel
+def differently_shaped_matmul(x):
+    out = nk.ndarray((8, 8), x.dtype, buffer=nk.hbm)
+    nk.store(out[...], nk.matmul(nk.load(x[...]), nk.load(x[...])))  # CHECK
+    return out
+
+
 @pytest.mark.parametrize("kernel, rule", [(partition_reduction, "reduction-axis"), (reads_its_output, "write-only"),
                                           (writes_its_argument, "read-only"),
-                                          (branches_on_a_tile, "control-flow")])
+                                          (branches_on_a_tile, "control-flow"), (stores_the_wrong_shape, "shape"),
+                                          (strided_tile_view, "index"), (float_mask, "mask"),
+                                          (differently_shaped_matmul, "shape")])
 def test_language_rules(kernel, rule):
     x = np.ones((8, 4), np.float32)
     raises_at(rule, kernel, "# CHECK", kernel.simulate, x)

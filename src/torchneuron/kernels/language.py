@@ -177,7 +177,7 @@ class Tile:
     def _write(self, value, kind):
         ctx = current()
         array = _array(value)
-        if array.ndim and ctx.xp.broadcast_shapes(array.shape, self.shape) != self.shape:
+        if not _fits(array.shape, self.shape):
             raise KernelError("shape", f"cannot write a value of shape {tuple(array.shape)} into a tile "
                                        f"view of shape {self.shape}")
         ctx.access(self.memory, kind, self.region)
@@ -219,6 +219,14 @@ class _Accumulated(Tile):
     def read(self):
         data = self.memory.data
         return data if self.shape == data.shape else data[self._slices()]
+
+
+def _fits(shape, target) -> bool:
+    """A value of `shape` broadcasts to `target` without growing it."""
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _array(x):
@@ -688,7 +696,7 @@ def store(dst, value, *, mask=None):
                                        "output with nk.ndarray(shape, dtype, buffer=nk.hbm)")
     array = _array(value)
     shape = dst.shape
-    if array.ndim and ctx.xp.broadcast_shapes(array.shape, shape) != shape:
+    if not _fits(array.shape, shape):
         raise KernelError("shape", f"store of a value of shape {tuple(array.shape)} into {dst.describe()} "
                                    f"(shape {shape})")
     array = ctx.xp.broadcast_to(array, shape).astype(dst.tensor.dtype)
