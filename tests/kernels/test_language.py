@@ -370,3 +370,20 @@ def test_expect_names_the_argument_and_math_on_ints_is_float():
     assert "argument 'x'" in str(raises_at("argument", checked, "# CHECK", checked.simulate,
                                            np.zeros((4, 16), np.int32), np.zeros(3, np.int32)))
     assert "(*, 16)" in str(raises_at("argument", checked, "# CHECK", checked, jnp.zeros((4, 8), jnp.float32), jnp.zeros(3)))
+
+
+@nk.kernel
+def first_rows_only(x):
+    """Programs tile only the first 256 of 384 rows: the rest keep their zeros."""
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    rows = nk.ds(nk.program_id(0) * 128, 128)
+    nk.store(out[rows, :], nk.load(x[rows, :]) * 2.0)
+    return out
+
+
+def test_stores_that_tile_part_of_an_output():
+    x = np.random.default_rng(4).standard_normal((384, 8)).astype(np.float32)
+    simulated, lowered = both(first_rows_only[2], x)
+    expected = np.concatenate([x[:256] * 2, np.zeros((128, 8), np.float32)])
+    np.testing.assert_array_equal(simulated, expected)
+    np.testing.assert_array_equal(lowered, expected)

@@ -82,7 +82,7 @@ def run(kernel, grid, arguments):
     records = jax.vmap(program)(jnp.arange(max(math.prod(grid), 1)))
     outputs = [jnp.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
     for (at, view), (starts, value, mask) in zip(plan["stores"], records):
-        outputs[at] = _apply(outputs[at], view, starts, value, mask)
+        outputs[at] = _apply(outputs[at], view, starts, value, mask, grid)
     picked = [outputs[i] for i in plan["returned"]]
     return picked[0] if plan["returned"].single else tuple(picked)
 
@@ -123,13 +123,48 @@ def _returned(kernel, returned, outputs):
     return picked
 
 
-def _apply(out, view, starts, value, mask):
-    """Write every program's window (value [G, *sizes] at starts [G, ndim]) into `out`: one scatter of
-    windows, into a padded copy where windows can leave the tensor; a masked store keeps the old values
-    where its mask is False."""
+def _tiling(view, grid):
+    """Per dimension the grid axis whose programs tile it (start = program id * size) or None (one window
+    from 0 covers it), when a store's windows tile the output that way; else None."""
+    axes = []
+    for start, size, extent in zip(view.starts, view.sizes, view.tensor.shape):
+        if isinstance(start, int):
+            if start != 0 or size < extent:
+                return None
+            axes.append(None)
+        elif start.terms is not None and start.const == 0 and len(start.terms) == 1 and \
+                start.terms[0][1] == size and start.terms[0][2] * size >= extent:
+            axes.append(start.terms[0][0])
+        else:
+            return None
+    used = [a for a in axes if a is not None]
+    if len(set(used)) != len(used) or any(n > 1 and a not in used for a, n in enumerate(grid)):
+        return None
+    return axes
+
+
+def _assemble(blocks, axes, grid, shape):
+    """[G, *sizes] program windows -> the (padded) tensor they tile."""
+    nd = len(axes)
+    blocks = blocks.reshape(tuple(grid) + blocks.shape[1:])
+    order = [a for a in range(len(grid)) if a not in axes]  # size-1 axes, dropped by the reshape
+    for d, a in enumerate(axes):
+        order += ([a] if a is not None else []) + [len(grid) + d]
+    return blocks.transpose(order).reshape(shape) if nd else blocks.reshape(shape)
+
+
+def _apply(out, view, starts, value, mask, grid):
+    """Write every program's window (value [G, *sizes] at starts [G, ndim]) into `out`: reassembled when
+    the windows tile it by program id, else one scatter of windows; into a padded copy where windows can
+    leave the tensor; a masked store keeps the old values where its mask is False."""
     nd = out.ndim
     pads = _pads(view)
     padded = jnp.pad(out, pads) if any(p != (0, 0) for p in pads) else out
+    axes = _tiling(view, grid)
+    if axes is not None:
+        whole = _assemble(value, axes, grid, padded.shape)
+        padded = whole if mask is None else jnp.where(_assemble(mask, axes, grid, padded.shape), whole, padded)
+        return padded[tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, out.shape))]
     starts = starts + jnp.asarray([lo for lo, _ in pads], jnp.int32)
     if mask is not None:
         old = jax.vmap(lambda s: lax.dynamic_slice(padded, list(s), view.sizes))(starts) if nd else padded[None]
