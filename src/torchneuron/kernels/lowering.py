@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .context import Active
-from .language import HBMTensor, Index, Interpreter, float32, window_indices
+from .language import HBMTensor, Index, Interpreter, Tile, float32, window_indices
 
 
 class Lowering(Interpreter):
@@ -38,9 +38,9 @@ class Lowering(Interpreter):
         data = view.tensor.data
         fill = jnp.asarray(other).astype(data.dtype)
         if view.indirect:
-            indices, valid = window_indices(jnp, view)
-            keep = valid.reshape(view.shape) if mask is None else mask & valid.reshape(view.shape)
-            return jnp.where(keep, data[indices].reshape(view.shape), fill)
+            values, valid = _gather(data, view)
+            keep = valid if mask is None else mask & valid
+            return jnp.where(keep, values, fill)
         pads = _pads(view)
         if any(p != (0, 0) for p in pads):  # a window that can leave the tensor: slice a padded copy
             values = _window(self.padded(view.tensor, pads), view, pads).reshape(view.shape)
@@ -91,6 +91,9 @@ def _pads(view):
     """Per dimension, how far the window can reach below 0 and past the end (from its start's bounds)."""
     pads = []
     for start, size, extent in zip(view.starts, view.sizes, view.tensor.shape):
+        if isinstance(start, Tile):  # an indirect index: its values are clipped and masked, not padded
+            pads.append((0, 0))
+            continue
         lo, hi = (start.lo, start.hi) if isinstance(start, Index) else (start, start)
         pads.append((max(0, -lo), max(0, hi + size - extent)))
     return tuple(pads)
@@ -106,6 +109,27 @@ def _window(data, view, pads):
     if all(isinstance(s, int) for s in starts):
         return data[tuple(slice(s, s + n) for s, n in zip(starts, view.sizes))]
     return lax.dynamic_slice(data, [jnp.asarray(s, jnp.int32) for s in starts], view.sizes)
+
+
+def _gather(data, view):
+    """An indirect window: the other dimensions' window sliced first, then rows taken along the indirect
+    one (a gather of slabs, not of elements); where its indices were in bounds."""
+    (d,) = [e for e, s in enumerate(view.starts) if isinstance(s, Tile)] or [None]
+    if d is None or any(p != (0, 0) for e, p in enumerate(_pads(view)) if e != d):
+        indices, valid = window_indices(jnp, view)
+        return data[indices].reshape(view.shape), valid.reshape(view.shape)
+    extent = view.tensor.shape[d]
+    index = view.starts[d].read().reshape(-1)
+    slab_starts = [0 if e == d else (s if isinstance(s, int) else jnp.asarray(s.value, jnp.int32))
+                   for e, s in enumerate(view.starts)]
+    sizes = [extent if e == d else n for e, n in enumerate(view.sizes)]
+    if all(isinstance(s, int) for s in slab_starts):
+        slab = data[tuple(slice(s, s + n) for s, n in zip(slab_starts, sizes))]
+    else:
+        slab = lax.dynamic_slice(data, [jnp.asarray(s, jnp.int32) for s in slab_starts], sizes)
+    values = jnp.take(slab, jnp.clip(index, 0, extent - 1), axis=d)
+    valid = ((index >= 0) & (index < extent)).reshape([-1 if e == d else 1 for e in range(data.ndim)])
+    return values.reshape(view.shape), jnp.broadcast_to(valid, values.shape).reshape(view.shape)
 
 
 class _Picked(list):
