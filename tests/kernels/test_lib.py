@@ -122,6 +122,16 @@ def test_flash_attention_behind_sdpa_on_request():
     torch.testing.assert_close(out.detach().cpu(), expected, atol=1e-5, rtol=1e-5)
     assert q.grad is not None
 
+    torch._dynamo.reset()
+    with lib.use_for_sdpa():  # compiled: AOTAutograd traces through the same choice
+        kernel = attention.kernel_override
+        attention.kernel_override = lambda *a, **kw: seen.append(kw) or kernel(*a, **kw)
+        compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                 backend="neuron")
+        torch.testing.assert_close(compiled(q, k, v).detach().cpu(), expected, atol=1e-5, rtol=1e-5)
+        attention.kernel_override = kernel
+    assert len(seen) > 1
+
 
 def test_flash_attention_dropout_draws_from_the_device_generator():
     q, k, v = torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16)
