@@ -387,3 +387,60 @@ def test_stores_that_tile_part_of_an_output():
     expected = np.concatenate([x[:256] * 2, np.zeros((128, 8), np.float32)])
     np.testing.assert_array_equal(simulated, expected)
     np.testing.assert_array_equal(lowered, expected)
+
+
+@nk.kernel
+def blockwise_row_max(x):
+    """Per row, the max over 64-wide column blocks, carried through an nk.fori loop."""
+    n, d = x.shape
+    out = nk.ndarray((n, 1), x.dtype, buffer=nk.hbm)
+    rows = nk.ds(nk.program_id(0) * 128, 128)
+
+    def body(j, best, seen):
+        cols = nk.iota((1, 64), 1) + j * 64
+        block = nk.load(x[rows, nk.ds(j * 64, 64)], mask=cols < d, other=-1e30)
+        return nk.maximum(best, nk.max(block)), seen + 1.0
+
+    best, seen = nk.fori((d + 63) // 64, body, (nk.full((128, 1), -1e30, nk.float32), nk.zeros((1, 1), nk.float32)))
+    nk.store(out[rows, :], best + 0.0 * seen)
+    return out
+
+
+@nk.kernel
+def stores_in_a_loop_body(x):
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+
+    def body(j, t):
+        nk.store(out[...], t)  # CHECK
+        return t
+
+    nk.fori(2, body, (nk.load(x[...]),))
+    return out
+
+
+@nk.kernel
+def writes_outside_its_carry(x):
+    out = nk.ndarray(x.shape, x.dtype, buffer=nk.hbm)
+    total = nk.zeros(x.shape, nk.float32)
+
+    def body(j, t):
+        total[...] = t  # CHECK
+        return t
+
+    nk.fori(2, body, (nk.load(x[...]),))
+    nk.store(out[...], total)
+    return out
+
+
+def test_fori_loops_once_in_the_lowering_and_checks_its_body():
+    x = np.random.default_rng(5).standard_normal((256, 200)).astype(np.float32)
+    simulated, lowered = both(blockwise_row_max[2], x)
+    np.testing.assert_array_equal(simulated[:, 0], x.max(1))
+    np.testing.assert_array_equal(lowered, simulated)
+    text = jax.jit(lambda a: blockwise_row_max[2].lower(a)).lower(jnp.asarray(x)).as_text()
+    assert "while" in text
+    x = np.zeros((8, 4), np.float32)
+    raises_at("fori", stores_in_a_loop_body, "# CHECK", stores_in_a_loop_body.simulate, x)
+    raises_at("fori", stores_in_a_loop_body, "# CHECK", stores_in_a_loop_body, jnp.asarray(x))
+    raises_at("fori", writes_outside_its_carry, "# CHECK", writes_outside_its_carry.simulate, x)
+    raises_at("fori", writes_outside_its_carry, "# CHECK", writes_outside_its_carry, jnp.asarray(x))

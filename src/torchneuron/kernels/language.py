@@ -70,6 +70,8 @@ class Interpreter:
         self.kernel_name, self.grid, self.xp = kernel_name, tuple(grid), xp
         self.live = {sbuf: 0, psum: 0}
         self.seq = 0
+        self.floor = 0  # inside an nk.fori body: memories made before it are read-only
+        self.fori_depth = 0
 
     def allocate(self, data, kind) -> Memory:
         data = self.own(data)
@@ -176,6 +178,9 @@ class Tile:
 
     def _write(self, value, kind):
         ctx = current()
+        if self.memory.seq <= ctx.floor:
+            raise KernelError("fori", "a tile made outside an nk.fori body is written inside it; pass it in the "
+                                      "carry and return its new value")
         array = _array(value)
         if not _fits(array.shape, self.shape):
             raise KernelError("shape", f"cannot write a value of shape {tuple(array.shape)} into a tile "
@@ -473,7 +478,7 @@ class Index:
         merged = {}
         for axis, coef, size in terms:
             merged[axis] = (merged.get(axis, (0, size))[0] + coef, size)
-        terms = tuple((a, c, s) for a, (c, s) in sorted(merged.items()) if c)
+        terms = tuple((a, c, s) for a, (c, s) in sorted(merged.items(), key=lambda kv: str(kv[0])) if c)
         if not terms:
             return const
         lo = const + builtins.sum(builtins.min(0, c * (s - 1)) for _, c, s in terms)
@@ -691,6 +696,8 @@ def store(dst, value, *, mask=None):
     if dst.indirect:
         raise NotImplementedError("torchneuron.kernels: stores through an indirect (tile) index are not supported; "
                                   "gather with load instead, or report the use case at the project's issue tracker")
+    if ctx.fori_depth:
+        raise KernelError("fori", "an nk.fori body stores; return the values in the carry and store after the loop")
     if not dst.tensor.output:
         raise KernelError("read-only", f"store into {dst.tensor}: arguments are read-only; allocate an "
                                        "output with nk.ndarray(shape, dtype, buffer=nk.hbm)")
@@ -717,6 +724,25 @@ def program_id(axis: int = 0):
 
 def num_programs(axis: int = 0) -> int:
     return current().grid[axis]
+
+
+def fori(n: int, body, carry):
+    """carry = body(i, *carry) for i in 0..n-1, as one loop: the lowering emits a loop (compiled once, however
+    large n) instead of unrolling. `carry` is a tuple of tiles; `body` returns new tiles of the same shapes
+    and dtypes, may load (i is a loop index usable in windows) but not store, and writes no tile made
+    outside it."""
+    carry = tuple(carry)
+    if not all(isinstance(t, Tile) for t in carry):
+        raise KernelError("fori", "the carry of nk.fori is a tuple of tiles")
+    return current().fori(int(n), body, carry)
+
+
+def _check_carry(before, after):
+    after = tuple(after) if isinstance(after, (tuple, list)) else (after,)
+    if len(after) != len(before) or any(not isinstance(a, Tile) or (a.shape, a.dtype) != (b.shape, b.dtype)
+                                        for a, b in zip(after, before)):
+        raise KernelError("fori", f"an nk.fori body returned {after!r} for a carry of {before!r}")
+    return after
 
 
 def affine_range(n: int):

@@ -8,13 +8,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from .context import Active
-from .language import HBMTensor, Index, Interpreter, Tile, float32, window_indices
+from .language import HBMTensor, Index, Interpreter, Tile, _check_carry, _tile, float32, window_indices
 
 
 class Lowering(Interpreter):
     def __init__(self, kernel_name, grid, program_values):
         super().__init__(kernel_name, grid, jnp)
-        self.program_values, self.outputs, self.stores, self.pads = program_values, [], [], {}
+        self.program_values, self.outputs, self.stores, self.pads = dict(enumerate(program_values)), [], [], {}
+        self.loops = 0
 
     def program_id(self, axis):
         return Index.program(self.program_values[axis], axis, self.grid[axis])
@@ -30,6 +31,29 @@ class Lowering(Interpreter):
         tensor = HBMTensor(f"output {len(self.outputs)}", shape, dtype, None, output=True)
         self.outputs.append(tensor)
         return tensor
+
+    def fori(self, n, body, carry):
+        kinds = [t.buffer for t in carry]
+        self.loops += 1
+        axis = ("fori", self.loops)
+
+        def step(i, arrays):
+            saved = (self.floor, self.pads, dict(self.program_values))
+            self.floor, self.pads = self.seq, dict(self.pads)  # pads made in the body stay in its trace
+            self.program_values[axis] = i
+            self.fori_depth += 1
+            try:
+                tiles = [_tile(a, kind) for a, kind in zip(arrays, kinds)]
+                out = _check_carry(tiles, body(Index(i, ((axis, 1, n),), 0, 0, n - 1), *tiles))
+                return tuple(t.read() for t in out)
+            finally:
+                self.floor, self.pads, self.program_values = saved
+                self.fori_depth -= 1
+
+        if n == 0:
+            return carry
+        result = lax.fori_loop(0, n, step, tuple(t.read() for t in carry))
+        return tuple(_tile(a, kind) for a, kind in zip(result, kinds))
 
     def loop(self, kind, n):
         return range(n)

@@ -4,7 +4,7 @@ elements that no mask covers) on top of the limits every interpreter checks (lan
 import numpy as np
 
 from .context import KernelError, user_line
-from .language import HBMTensor, Interpreter, float32, window_indices
+from .language import HBMTensor, Interpreter, _check_carry, float32, window_indices
 
 
 class _Independent:
@@ -61,6 +61,17 @@ class Simulator(Interpreter):
             self.outputs.append(tensor)
         self.output_at += 1
         return tensor
+
+    def fori(self, n, body, carry):
+        for i in range(n):
+            floor, self.floor = self.floor, self.seq
+            self.fori_depth += 1
+            try:
+                carry = _check_carry(carry, body(i, *carry))
+            finally:
+                self.floor = floor
+                self.fori_depth -= 1
+        return carry
 
     def loop(self, kind, n):
         return range(n) if kind == "sequential" else self._affine(n)
