@@ -64,10 +64,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: t
     b, h = nk.program_id(0), nk.program_id(1)
     blk = _Block(q, k, seed, b, h, nk.program_id(2), queries, keys)
     qt = nk.load(q[b, h, blk.rows, :], mask=blk.row_ok)
-    m = nk.full((P, 1), NEG, nk.float32)
-    l = nk.zeros((P, 1), nk.float32)
-    o = nk.zeros((P, dim), nk.float32)
-    for j in nk.sequential_range(blocks(keys)):
+
+    def step(j, m, l, o):
         cols, col_idx, col_ok, key_rows_ok = blk.key_block(j)
         kt = nk.load(k[b, h // group, cols, :], mask=key_rows_ok)
         vt = nk.load(v[b, h // group, cols, :], mask=key_rows_ok)
@@ -77,11 +75,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: t
         m_new = nk.maximum(m, nk.max(s))
         p = nk.where(allowed, nk.exp(s - m_new), 0.0)
         alpha = nk.exp(m - m_new)
-        l = l * alpha + nk.sum(p)
         if dropout:
-            p = nk.where(_keep(blk.seed, blk.row_idx, col_idx, keys, dropout_p), p / (1.0 - dropout_p), 0.0)
-        o = o * alpha + nk.matmul(p, vt)
-        m = m_new
+            p_used = nk.where(_keep(blk.seed, blk.row_idx, col_idx, keys, dropout_p), p / (1.0 - dropout_p), 0.0)
+        else:
+            p_used = p
+        return m_new, l * alpha + nk.sum(p), o * alpha + nk.matmul(p_used, vt)
+
+    m, l, o = nk.fori(blocks(keys), step, (nk.full((P, 1), NEG, nk.float32), nk.zeros((P, 1), nk.float32),
+                                           nk.zeros((P, dim), nk.float32)))
     safe = nk.where(l == 0.0, 1.0, l)
     nk.store(out[b, h, blk.rows, :], o / safe, mask=blk.row_ok)
     nk.store(lse[b, h, blk.rows, :], m + nk.log(safe), mask=blk.row_ok)
@@ -113,8 +114,8 @@ def attention_backward_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see
     b, h = nk.program_id(0), nk.program_id(1)
     blk = _Block(q, k, seed, b, h, nk.program_id(2), q.shape[2], keys)
     qt, d_o, lse_t, delta = _query_side(q, out, d_out, lse, blk)
-    acc = nk.zeros((P, dim), nk.float32)
-    for j in nk.sequential_range(blocks(keys)):
+
+    def step(j, acc):
         cols, col_idx, col_ok, key_rows_ok = blk.key_block(j)
         kt = nk.load(k[b, h // group, cols, :], mask=key_rows_ok)
         vt = nk.load(v[b, h // group, cols, :], mask=key_rows_ok)
@@ -123,7 +124,9 @@ def attention_backward_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see
         dp = nk.matmul(d_o, nk.transpose(vt))
         if dropout:
             dp = nk.where(_keep(blk.seed, blk.row_idx, col_idx, keys, dropout_p), dp / (1.0 - dropout_p), 0.0)
-        acc += nk.matmul(p * (dp - delta), kt)
+        return (acc + nk.matmul(p * (dp - delta), kt),)
+
+    (acc,) = nk.fori(blocks(keys), step, (nk.zeros((P, dim), nk.float32),))
     nk.store(dq[b, h, blk.rows, :], acc * scale, mask=blk.row_ok)
     return dq
 
@@ -140,13 +143,12 @@ def attention_backward_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     dk = nk.ndarray((batch, heads, keys, dim), nk.float32, buffer=nk.hbm)
     dv = nk.ndarray((batch, heads, keys, dim), nk.float32, buffer=nk.hbm)
     b, h, j = nk.program_id(0), nk.program_id(1), nk.program_id(2)
-    dk_acc = nk.zeros((P, dim), nk.float32)
-    dv_acc = nk.zeros((P, dim), nk.float32)
     probe = _Block(q, k, seed, b, h, 0, queries, keys)
     cols, col_idx, col_ok, key_rows_ok = probe.key_block(j)
     kt = nk.load(k[b, h // group, cols, :], mask=key_rows_ok)
     vt = nk.load(v[b, h // group, cols, :], mask=key_rows_ok)
-    for i in nk.sequential_range(blocks(queries)):
+
+    def step(i, dk_acc, dv_acc):
         blk = _Block(q, k, seed, b, h, i, queries, keys)
         qt, d_o, lse_t, delta = _query_side(q, out, d_out, lse, blk)
         allowed, p = _probabilities(blk, qt, kt, lse_t, col_idx, cols, col_ok, q_seg, k_seg, scale, causal,
@@ -157,8 +159,10 @@ def attention_backward_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
             keep = _keep(blk.seed, blk.row_idx, col_idx, keys, dropout_p)
             p_used = nk.where(keep, p / (1.0 - dropout_p), 0.0)
             dp = nk.where(keep, dp / (1.0 - dropout_p), 0.0)
-        dv_acc += nk.matmul(p_used, d_o, transpose_x=True)
-        dk_acc += nk.matmul(p * (dp - delta), qt, transpose_x=True)
+        return (dk_acc + nk.matmul(p * (dp - delta), qt, transpose_x=True),
+                dv_acc + nk.matmul(p_used, d_o, transpose_x=True))
+
+    dk_acc, dv_acc = nk.fori(blocks(queries), step, (nk.zeros((P, dim), nk.float32), nk.zeros((P, dim), nk.float32)))
     nk.store(dk[b, h, cols, :], dk_acc * scale, mask=key_rows_ok)
     nk.store(dv[b, h, cols, :], dv_acc, mask=key_rows_ok)
     return dk, dv
