@@ -4,7 +4,7 @@ elements that no mask covers) on top of the limits every interpreter checks (lan
 import numpy as np
 
 from .context import KernelError, user_line
-from .language import HBMTensor, Interpreter, _check_carry, float32, window_indices
+from .language import HBMTensor, Interpreter, _check_carry, copy, float32, window_indices
 
 
 class _Independent:
@@ -66,8 +66,8 @@ class Simulator(Interpreter):
         for i in range(n):
             floor, self.floor = self.floor, self.seq
             self.fori_depth += 1
-            try:
-                carry = _check_carry(carry, body(i, *carry))
+            try:  # the body gets its own copies, as the lowering's loop does
+                carry = _check_carry(carry, body(i, *(copy(t, buffer=t.buffer) for t in carry)))
             finally:
                 self.floor = floor
                 self.fori_depth -= 1

@@ -15,8 +15,16 @@ def _logits(h_tiles, weight_t, d, v0, width):
     """[128, width] logits of the rows held in `h_tiles` (their 128-deep slices) for vocabulary v0.."""
     acc = nk.zeros((P, width), nk.float32, buffer=nk.psum)
     for ht, k in zip(h_tiles, range(0, d, P)):
-        acc += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), v0:v0 + width]))
+        acc += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), nk.ds(v0, width)]))
     return acc
+
+
+def _over_vocabulary(vocab, chunk, state):
+    """state = chunk(v0, width, *state) over the vocabulary in 512-wide slices: the full ones in one nk.fori
+    loop, the remainder after it."""
+    full, tail = divmod(vocab, V_TILE)
+    state = nk.fori(full, lambda j, *carry: chunk(j * V_TILE, V_TILE, *carry), state)
+    return chunk(full * V_TILE, tail, *state) if tail else state
 
 
 def _row_tiles(hidden, rows, valid, d):
@@ -40,16 +48,15 @@ def linear_cross_entropy_forward(hidden: torch.Tensor, weight_t: torch.Tensor, t
     rows, valid = row_block(nk.program_id(0), n)
     h_tiles = _row_tiles(hidden, rows, valid, d)
     target_t = nk.load(target[rows, None], mask=valid, other=-1)
-    m = nk.full((P, 1), -1e30, nk.float32)
-    l = nk.zeros((P, 1), nk.float32)
-    picked = nk.zeros((P, 1), nk.float32)
-    for v0 in range(0, vocab, V_TILE):
-        width = min(V_TILE, vocab - v0)
+
+    def chunk(v0, width, m, l, picked):
         logits = _logits(h_tiles, weight_t, d, v0, width)
         m_new = nk.maximum(m, nk.max(logits))
-        l = l * nk.exp(m - m_new) + nk.sum(nk.exp(logits - m_new))
-        m = m_new
-        picked = picked + nk.sum(nk.where(nk.iota((1, width), 1) + v0 == target_t, logits, 0.0))
+        return (m_new, l * nk.exp(m - m_new) + nk.sum(nk.exp(logits - m_new)),
+                picked + nk.sum(nk.where(nk.iota((1, width), 1) + v0 == target_t, logits, 0.0)))
+
+    m, l, picked = _over_vocabulary(vocab, chunk, (nk.full((P, 1), -1e30, nk.float32), nk.zeros((P, 1), nk.float32),
+                                                   nk.zeros((P, 1), nk.float32)))
     lse = m + nk.log(l)
     known = (target_t >= 0) & (target_t < vocab)
     nk.store(loss[rows, :], nk.where(known, lse - picked, 0.0), mask=valid)
@@ -68,16 +75,18 @@ def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight_t: torch.T
     target_t = nk.load(target[rows, None], mask=valid, other=-1)
     lse_t = nk.load(lse[rows, :], mask=valid)
     grad_t = nk.load(grad[rows, :], mask=valid)
-    acc = nk.zeros((P, d), nk.float32)
-    for v0 in range(0, vocab, V_TILE):
-        width = min(V_TILE, vocab - v0)
+
+    def chunk(v0, width, acc):
         d_logits = _gradient_of_logits(_logits(h_tiles, weight_t, d, v0, width), lse_t, target_t, grad_t, v0, width)
         for c in range(0, width, P):
             depth = min(P, width - c)
             for d0 in range(0, d, V_TILE):
                 cols = min(V_TILE, d - d0)
                 acc[:, d0:d0 + cols] += nk.matmul(d_logits[:, c:c + depth],
-                                                  nk.load(weight[v0 + c:v0 + c + depth, d0:d0 + cols]))
+                                                  nk.load(weight[nk.ds(v0 + c, depth), d0:d0 + cols]))
+        return (acc,)
+
+    (acc,) = _over_vocabulary(vocab, chunk, (nk.zeros((P, d), nk.float32),))
     nk.store(d_hidden[rows, :], acc, mask=valid)
     return d_hidden
 
@@ -91,13 +100,13 @@ def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight_t: torch.T
     v = nk.program_id(0)
     entries = nk.ds(v * P, P)
     entry_ok = nk.iota((1, P), 1) + v * P < vocab
-    acc = nk.zeros((P, d), nk.float32)
-    for i in nk.sequential_range(blocks(n)):
+    w_tiles = [nk.load(weight_t[k:k + min(P, d - k), entries], mask=entry_ok) for k in range(0, d, P)]
+
+    def step(i, acc):
         rows, valid = row_block(i, n)
-        h_tiles = _row_tiles(hidden, rows, valid, d)
         logits = nk.zeros((P, P), nk.float32, buffer=nk.psum)
-        for ht, k in zip(h_tiles, range(0, d, P)):
-            logits += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), entries], mask=entry_ok))
+        for ht, wt in zip(_row_tiles(hidden, rows, valid, d), w_tiles):
+            logits += nk.matmul(ht, wt)
         d_logits = _gradient_of_logits(logits, nk.load(lse[rows, :], mask=valid),
                                        nk.load(target[rows, None], mask=valid, other=-1),
                                        nk.load(grad[rows, :], mask=valid), v * P, P)
@@ -106,6 +115,9 @@ def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight_t: torch.T
             cols = min(V_TILE, d - d0)
             acc[:, d0:d0 + cols] += nk.matmul(d_logits, nk.load(hidden[rows, d0:d0 + cols], mask=valid),
                                               transpose_x=True)
+        return (acc,)
+
+    (acc,) = nk.fori(blocks(n), step, (nk.zeros((P, d), nk.float32),))
     nk.store(d_weight[entries, :], acc, mask=nk.transpose(entry_ok))
     return d_weight
 

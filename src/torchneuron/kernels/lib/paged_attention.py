@@ -18,13 +18,11 @@ def paged_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     b, h = nk.program_id(0), nk.program_id(1)
     qt = nk.load(q[b, nk.ds(h * group, group), :])
     length = nk.load(seq_lens[nk.ds(b, 1), None])
-    m = nk.full((group, 1), NEG, nk.float32)
-    l = nk.zeros((group, 1), nk.float32)
-    o = nk.zeros((group, dim), nk.float32)
-    for j in nk.sequential_range(block_table.shape[1]):
-        offsets = nk.iota((block_size, 1), 0)
+    offsets = nk.iota((block_size, 1), 0)
+
+    def step(j, m, l, o):
         present = offsets + j * block_size < length
-        rows = nk.load(block_table[nk.ds(b, 1), j:j + 1]) * block_size + offsets
+        rows = nk.load(block_table[nk.ds(b, 1), nk.ds(j, 1)]) * block_size + offsets
         kt = nk.load(k_cache[rows, h, :], mask=present)
         vt = nk.load(v_cache[rows, h, :], mask=present)
         allowed = nk.transpose(present)
@@ -32,9 +30,10 @@ def paged_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         m_new = nk.maximum(m, nk.max(s))
         p = nk.where(allowed, nk.exp(s - m_new), 0.0)
         alpha = nk.exp(m - m_new)
-        l = l * alpha + nk.sum(p)
-        o = o * alpha + nk.matmul(p, vt)
-        m = m_new
+        return m_new, l * alpha + nk.sum(p), o * alpha + nk.matmul(p, vt)
+
+    m, l, o = nk.fori(block_table.shape[1], step, (nk.full((group, 1), NEG, nk.float32),
+                                                   nk.zeros((group, 1), nk.float32), nk.zeros((group, dim), nk.float32)))
     nk.store(out[b, nk.ds(h * group, group), :], o / nk.where(l == 0.0, 1.0, l))
     return out
 
