@@ -13,12 +13,15 @@ def matmul_tile(out, a, b, i, j, m, k, n, lead=()):
     """Inside a kernel: out[*lead, i-th 128 rows, j-th 512 columns] = a[*lead] @ b[*lead], in float32."""
     rows, row_ok = nk.ds(i * P, P), nk.iota((P, 1), 0) + i * P < m
     cols, col_ok = nk.ds(j * N_TILE, N_TILE), nk.iota((1, N_TILE), 1) + j * N_TILE < n
-    acc = nk.zeros((P, N_TILE), nk.float32, buffer=nk.psum)
-    for kk in nk.affine_range(blocks(k)):
+
+    def step(kk, acc):
         depth = nk.iota((1, P), 1) + kk * P < k
         at = nk.load(a[(*lead, rows, nk.ds(kk * P, P))], mask=row_ok & depth)
         bt = nk.load(b[(*lead, nk.ds(kk * P, P), cols)], mask=nk.transpose(depth) & col_ok)
         acc += nk.matmul(at, bt)
+        return (acc,)
+
+    (acc,) = nk.fori(blocks(k), step, (nk.zeros((P, N_TILE), nk.float32, buffer=nk.psum),))
     nk.store(out[(*lead, rows, cols)], acc, mask=row_ok & col_ok)
 
 
