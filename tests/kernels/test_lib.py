@@ -132,6 +132,11 @@ def test_flash_attention_behind_sdpa_on_request():
         attention.kernel_override = kernel
     assert len(seen) > 1
 
+    wide = torch.randn(1, 2, 8, 160, device="neuron", dtype=torch.float64)  # declined: the built-in lowering runs
+    with lib.use_for_sdpa():
+        torch.testing.assert_close(F.scaled_dot_product_attention(wide, wide, wide).cpu(),
+                                   F.scaled_dot_product_attention(*(wide.cpu(),) * 3))
+
 
 def test_flash_attention_dropout_draws_from_the_device_generator():
     q, k, v = torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16)

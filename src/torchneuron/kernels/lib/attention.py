@@ -297,15 +297,24 @@ def flash_attention_seed(q, dropout_p):
     return _seed(q, dropout_p)
 
 
+def _for_sdpa(q, k, v, **options):
+    """flash_attention for the SDPA calls it takes (head dim <= 128, 16/32-bit floats); NotImplemented
+    leaves the others to the built-in lowering."""
+    if q.shape[-1] > P or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    return flash_attention(q, k, v, **options)
+
+
 class use_for_sdpa:
-    """Route F.scaled_dot_product_attention on neuron tensors (without attn_mask, where the built-in fused
-    lowering would run) to flash_attention. Call `use_for_sdpa(True)` / `use_for_sdpa(False)`, or use it
-    as a context manager (`with use_for_sdpa():`) that restores the previous choice."""
+    """Route F.scaled_dot_product_attention on neuron tensors (without attn_mask, head dim <= 128, 16/32-bit
+    floats, where the built-in fused lowering would run) to flash_attention. Call `use_for_sdpa(True)` /
+    `use_for_sdpa(False)`, or use it as a context manager (`with use_for_sdpa():`) that restores the
+    previous choice."""
 
     def __init__(self, enabled: bool = True):
         from ...ops import attention
         self.previous = attention.kernel_override
-        attention.kernel_override = flash_attention if enabled else None
+        attention.kernel_override = _for_sdpa if enabled else None
 
     def __enter__(self):
         return self
