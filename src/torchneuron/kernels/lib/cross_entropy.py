@@ -1,7 +1,8 @@
 """Softmax cross-entropy of a linear layer's logits over a large vocabulary, fused with that layer:
 loss = CE(hidden @ weight.T, target). Logits are made 512 vocabulary entries at a time and never
 stored; neither is their gradient: the backward recomputes each slice and turns it straight into the
-hidden states' gradient (per 128 rows) and the weight's (per 128 vocabulary entries)."""
+hidden states' gradient (per 128 rows) and the weight's (per 128 vocabulary entries). The weight is read
+as it is ([vocab, d]), its tiles transposed on chip."""
 import torch
 
 import torchneuron.kernels as nk
@@ -11,11 +12,19 @@ from .common import P, blocks, row_block, row_grid
 V_TILE = 512
 
 
-def _logits(h_tiles, weight_t, d, v0, width):
+def _weight_columns(weight, d, v0, width):
+    """weight[v0:v0+width].T in 128-deep slices of d: [kd, width] tiles (loaded [<=128, kd], transposed)."""
+    return [nk.transpose(nk.load(weight[nk.ds(v0 + c, min(P, width - c)), k:k + min(P, d - k)]))
+            for k in range(0, d, P) for c in range(0, width, P)]
+
+
+def _logits(h_tiles, weight, d, v0, width):
     """[128, width] logits of the rows held in `h_tiles` (their 128-deep slices) for vocabulary v0.."""
     acc = nk.zeros((P, width), nk.float32, buffer=nk.psum)
-    for ht, k in zip(h_tiles, range(0, d, P)):
-        acc += nk.matmul(ht, nk.load(weight_t[k:k + min(P, d - k), nk.ds(v0, width)]))
+    columns = iter(_weight_columns(weight, d, v0, width))
+    for ht in h_tiles:
+        for c in range(0, width, P):
+            acc[:, c:c + min(P, width - c)] += nk.matmul(ht, next(columns))
     return acc
 
 
@@ -39,10 +48,10 @@ def _gradient_of_logits(logits, lse, target_t, grad_t, v0, width):
 
 
 @nk.kernel
-def linear_cross_entropy_forward(hidden: torch.Tensor, weight_t: torch.Tensor, target: torch.Tensor
+def linear_cross_entropy_forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the loss (lse - target logit; 0 for targets outside the vocabulary) and the lse."""
-    (n, d), vocab = hidden.shape, weight_t.shape[1]
+    (n, d), vocab = hidden.shape, weight.shape[0]
     loss = nk.ndarray((n, 1), nk.float32, buffer=nk.hbm)
     lse_out = nk.ndarray((n, 1), nk.float32, buffer=nk.hbm)
     rows, valid = row_block(nk.program_id(0), n)
@@ -50,7 +59,7 @@ def linear_cross_entropy_forward(hidden: torch.Tensor, weight_t: torch.Tensor, t
     target_t = nk.load(target[rows, None], mask=valid, other=-1)
 
     def chunk(v0, width, m, l, picked):
-        logits = _logits(h_tiles, weight_t, d, v0, width)
+        logits = _logits(h_tiles, weight, d, v0, width)
         m_new = nk.maximum(m, nk.max(logits))
         return (m_new, l * nk.exp(m - m_new) + nk.sum(nk.exp(logits - m_new)),
                 picked + nk.sum(nk.where(nk.iota((1, width), 1) + v0 == target_t, logits, 0.0)))
@@ -65,10 +74,9 @@ def linear_cross_entropy_forward(hidden: torch.Tensor, weight_t: torch.Tensor, t
 
 
 @nk.kernel
-def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight_t: torch.Tensor, weight: torch.Tensor,
-                                         target: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor
-                                         ) -> torch.Tensor:
-    (n, d), vocab = hidden.shape, weight_t.shape[1]
+def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                         lse: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    (n, d), vocab = hidden.shape, weight.shape[0]
     d_hidden = nk.ndarray((n, d), hidden.dtype, buffer=nk.hbm)
     rows, valid = row_block(nk.program_id(0), n)
     h_tiles = _row_tiles(hidden, rows, valid, d)
@@ -77,7 +85,7 @@ def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight_t: torch.T
     grad_t = nk.load(grad[rows, :], mask=valid)
 
     def chunk(v0, width, acc):
-        d_logits = _gradient_of_logits(_logits(h_tiles, weight_t, d, v0, width), lse_t, target_t, grad_t, v0, width)
+        d_logits = _gradient_of_logits(_logits(h_tiles, weight, d, v0, width), lse_t, target_t, grad_t, v0, width)
         for c in range(0, width, P):
             depth = min(P, width - c)
             for d0 in range(0, d, V_TILE):
@@ -92,15 +100,16 @@ def linear_cross_entropy_backward_hidden(hidden: torch.Tensor, weight_t: torch.T
 
 
 @nk.kernel
-def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight_t: torch.Tensor, target: torch.Tensor,
+def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                          lse: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """The weight's gradient for 128 vocabulary entries, over all rows."""
-    (n, d), vocab = hidden.shape, weight_t.shape[1]
-    d_weight = nk.ndarray((vocab, d), weight_t.dtype, buffer=nk.hbm)
+    (n, d), vocab = hidden.shape, weight.shape[0]
+    d_weight = nk.ndarray((vocab, d), weight.dtype, buffer=nk.hbm)
     v = nk.program_id(0)
     entries = nk.ds(v * P, P)
     entry_ok = nk.iota((1, P), 1) + v * P < vocab
-    w_tiles = [nk.load(weight_t[k:k + min(P, d - k), entries], mask=entry_ok) for k in range(0, d, P)]
+    w_tiles = [nk.transpose(nk.load(weight[entries, k:k + min(P, d - k)], mask=nk.transpose(entry_ok)))
+               for k in range(0, d, P)]
 
     def step(i, acc):
         rows, valid = row_block(i, n)
@@ -123,20 +132,18 @@ def linear_cross_entropy_backward_weight(hidden: torch.Tensor, weight_t: torch.T
 
 
 def _backward(inputs, outputs, grads):
-    hidden, weight_t, target = inputs
+    hidden, weight, target = inputs
     _, lse = outputs
     grad = grads[0].contiguous()
-    weight = weight_t.t().contiguous()
-    d_hidden = _backward_hidden(hidden, weight_t, weight, target, lse, grad)
-    d_weight = _backward_weight(hidden, weight_t, target, lse, grad)
-    return d_hidden, d_weight.t(), None
+    return (_backward_hidden(hidden, weight, target, lse, grad), _backward_weight(hidden, weight, target, lse, grad),
+            None)
 
 
 _backward_hidden = nk.custom_op("torchneuron_kernels::linear_cross_entropy_backward_hidden",
                                 linear_cross_entropy_backward_hidden, grid=row_grid)
 _backward_weight = nk.custom_op("torchneuron_kernels::linear_cross_entropy_backward_weight",
                                 linear_cross_entropy_backward_weight,
-                                grid=lambda hidden, weight_t, *rest: (blocks(weight_t.shape[1]),))
+                                grid=lambda hidden, weight, *rest: (blocks(weight.shape[0]),))
 _forward = nk.custom_op("torchneuron_kernels::linear_cross_entropy", linear_cross_entropy_forward, grid=row_grid,
                         backward=_backward)
 
@@ -154,7 +161,7 @@ def linear_cross_entropy(hidden, weight, target, *, ignore_index: int = -100, re
     flat_target = target.reshape(-1)
     counted = flat_target != ignore_index
     kernel_target = torch.where(counted, flat_target, -1).to(torch.int32)
-    loss, _ = _forward(hidden.reshape(-1, hidden.shape[-1]).contiguous(), weight.t().contiguous(), kernel_target)
+    loss, _ = _forward(hidden.reshape(-1, hidden.shape[-1]).contiguous(), weight.contiguous(), kernel_target)
     loss = loss.reshape(target.shape).to(hidden.dtype)
     if reduction == "none":
         return loss
