@@ -184,10 +184,20 @@ def _bias_gradient(layout, d_s, bias):
     return full.sum(axes, keepdims=True).reshape(bias.shape).astype(bias.dtype)
 
 
+# torchneuron.kernels.lib.use_for_sdpa installs the kernel library's flash attention here (opt-in): it is
+# offered the calls without a mask that the fused lowering would take, and returns NotImplemented to decline
+kernel_override = None
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                                  enable_gqa=False):
     """aten::scaled_dot_product_attention for neuron tensors: the backend choice PyTorch makes in C++."""
     _check_inputs(query, key, value, attn_mask)
+    if kernel_override is not None and attn_mask is None and torch._C._get_overrideable_sdp_enabled() and \
+            _fused_fits(query, key, value, attn_mask, enable_gqa):
+        out = kernel_override(query, key, value, causal=is_causal, scale=scale, dropout_p=dropout_p)
+        if out is not NotImplemented:
+            return out
     if torch._C._get_overrideable_sdp_enabled() and _fused_fits(query, key, value, attn_mask, enable_gqa):
         return aten._scaled_dot_product_fused_attention_overrideable(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
