@@ -30,6 +30,15 @@ def test_tied_parameters_stay_tied_across_devices():
     assert not torch.__future__.get_swap_module_params_on_conversion()
 
 
+def test_attributes_set_on_parameters_survive_moves():
+    """As `param.data = new` keeps them on CUDA: vLLM keeps its weight loaders there."""
+    model = torch.nn.Linear(3, 4)
+    model.weight.weight_loader = loader = object()
+    for move in (lambda m: m.to("neuron"), lambda m: m.cpu(), lambda m: m.neuron(), lambda m: m.to(torch.float64)):
+        move(model)
+        assert model.weight.weight_loader is loader
+
+
 def test_load_with_map_location_neuron():
     buffer = io.BytesIO()
     torch.save({"x": torch.arange(3.0), "nested": [torch.ones(2)]}, buffer)

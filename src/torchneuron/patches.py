@@ -78,10 +78,16 @@ def _swapping(method, targets_neuron):
             return method(self, *args, **kwargs)
         previous = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
+        # swap_tensors swaps the objects' __dict__ too: attributes set on a parameter (vLLM's weight loaders)
+        # would stay with the old tensor, where `param.data = new` (CUDA's path) keeps them
+        attributes = [(p, dict(p.__dict__)) for p in self.parameters() if p.__dict__]
         try:
             return method(self, *args, **kwargs)
         finally:
             torch.__future__.set_swap_module_params_on_conversion(previous)
+            for parameter, saved in attributes:
+                for name, value in saved.items():
+                    parameter.__dict__.setdefault(name, value)
 
     return convert
 
