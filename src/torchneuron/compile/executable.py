@@ -16,10 +16,10 @@ from torch.utils import _pytree as pytree
 
 from ..runtime import rng
 from ..eager import adaptive, transfers
-from ..ops import rules
+from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
-from ..runtime.program import StorageProgram
+from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import disk_cache
 from .stats import counters
@@ -44,6 +44,8 @@ class CompiledGraph:
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
         self.default_device = _meta_device(gm)
+        # a graph with collectives runs as one program of all its group's ranks (ops.collectives)
+        self.group = collectives.group_of(gm)
         self.specialisations = {}
         # named by content, as the graph's executable is in XLA's program text and in profiles
         self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
@@ -149,14 +151,25 @@ class _Program:
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
+        self.mesh = None
+        if graph.group:
+            group = collectives.program_group(graph.group, self.device_index)
+            self.mesh = group.mesh
+            # ranks compiling different programs would run mismatched collectives: compare first
+            group.agree(f"compiled graph {graph.name} on {[spec[:4] for spec in specs]}")
 
         def lower():
             # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
             extras = [jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else []
-            lowered = self.program.jit(self.device_index).trace(*self.program.avals(extras)).lower()
+            avals = self.program.avals(extras)
+            if self.mesh is None:
+                lowered = self.program.jit(self.device_index).trace(*avals).lower()
+            else:
+                lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
             return lowered, (array_outputs, constants)
 
-        path = disk_cache.path_for(gm, signature, self.device_index)
+        # a program of several processes is compiled by each of them for its own device, not shared on disk
+        path = disk_cache.path_for(gm, signature, self.device_index) if self.mesh is None else None
         self.compiled, (self.array_outputs, self.constants) = disk_cache.load_or_compile(
             path, self.device_index, graph.name, lower)
 
@@ -165,7 +178,11 @@ class _Program:
         flat = self.program.buffers_of(storages)
         if self.random:
             flat.append(rng.next_key(self.device_index))
+        if self.mesh is not None:
+            flat = over_mesh(flat, self.mesh)
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)
+        if self.mesh is not None:
+            results = shard_of(results)
         if results:
             sync.launched(self.device_index, results[-1])
         n_written = len(self.program.written_storages)

@@ -159,10 +159,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
+    def _agreement(self, participants) -> "_Agreement":
+        call = self._calls[participants] = self._calls.get(participants, 0) + 1
+        return _Agreement(self, participants, call)
+
     def _run(self, kind, grp, flat, *statics):
         participants = tuple(self._ranks.index(r) for r in grp.ranks)
-        call = self._calls[participants] = self._calls.get(participants, 0) + 1
-        return programs.run(_Agreement(self, participants, call), kind, grp, flat, *statics)
+        return programs.run(self._agreement(participants), kind, grp, flat, *statics)
+
+    def _agree(self, what: str) -> None:
+        """Check that every rank of the group is about to run `what` (a compiled graph's program)."""
+        self._agreement(tuple(range(self.size())))(what)
 
     def _start_coalescing(self, device) -> None:
         self._coalesced = []
