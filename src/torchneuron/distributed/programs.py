@@ -95,9 +95,6 @@ def rank_body(kind: str, size: int, statics: tuple):
     if kind == "scatter":
         (root,) = statics
         return lambda x: lax.all_to_all(x.reshape(size, -1), AXIS, 0, 0, tiled=True)[root]
-    if kind == "send":
-        (source, destination) = statics
-        return lambda x: lax.ppermute(x, AXIS, [(source, destination)])
     raise AssertionError(kind)
 
 
