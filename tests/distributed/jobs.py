@@ -426,7 +426,34 @@ def job_compiled():
     for g, p in zip(grads, reference.parameters()):
         equal(g, p.grad, "compiled all_reduce of gradients", atol=1e-5, rtol=1e-5)
     print("passed compiled collectives", torchneuron.compile.report(), flush=True)
+    check_adaptive_eager()
+    print("passed adaptive eager", flush=True)
     dist.destroy_process_group()
+
+
+def check_adaptive_eager():
+    """Under adaptive eager a collective is a sync point: the ops queued before it run (fused) first, it
+    reduces their result, and ops after it queue again on its output."""
+    from torchneuron.eager import adaptive
+
+    x = inputs(RANK).to(DEVICE)
+
+    def step():
+        y = (x * 2 + 1).relu()
+        assert adaptive.stats()["queued"] > 0 or not adaptive.is_enabled(), adaptive.stats()
+        dist.all_reduce(y, async_op=True)
+        assert adaptive.stats()["queued"] == 0, "the queue runs before the collective reads its input"
+        return (y - 3) * 0.5
+
+    eager = step().cpu()  # every op's executable runs once: adaptive eager queues only known-good ops
+    with torch.neuron.adaptive_eager():
+        flushes = adaptive.stats()["flushes"]
+        fused = step()
+        assert adaptive.stats()["queued"] > 0, "ops after the collective queue on its output"
+        equal(fused, eager, "adaptive eager around an all_reduce")
+        assert adaptive.stats()["flushes"] >= flushes + 2, adaptive.stats()
+    stacked = torch.stack([(inputs(r) * 2 + 1).relu() for r in range(WORLD)]).sum(0)
+    equal(eager, (stacked - 3) * 0.5, "all_reduce between queued ops against the CPU")
 
 
 def job_fault(kind: str):
