@@ -12,8 +12,9 @@ import torch
 # functional collective op -> lowering of JAX arrays, run inside a program mapped over the op's group
 LOWERINGS = {}
 
-# (group name, neuron device index) -> the group's mapping (`.mesh`, `.agree(what)`), or None where the
-# group is not a neuron one; set by the distributed layer
+# (group name, neuron device index) -> how a program maps over the group on that device (`.mesh`,
+# `.agree(what)`); with device index None, whether the group is a neuron one (None where it is not).
+# Set by the distributed layer
 _resolver = None
 
 
