@@ -428,6 +428,14 @@ def job_compiled():
     print("passed compiled collectives", torchneuron.compile.report(), flush=True)
     check_adaptive_eager()
     print("passed adaptive eager", flush=True)
+    # ranks compiling the graph for different shapes get an error, not mismatched collectives
+    uneven = torch.compile(lambda x: funcol.all_reduce(x, "sum", group) * 2, backend="neuron", dynamic=False)
+    try:
+        uneven(torch.ones(3 + RANK, device=DEVICE))
+    except RuntimeError as error:
+        assert "ranks disagree on a collective" in str(error) and "compiled graph" in str(error), error
+    else:
+        raise AssertionError("ranks compiling different programs were not stopped")
     dist.destroy_process_group()
 
 
