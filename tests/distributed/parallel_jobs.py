@@ -21,7 +21,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-import torchneuron  # noqa: F401
+import torchneuron
+import torchneuron.compile
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -184,12 +185,16 @@ def tensor_parallel(mesh, compiled):
     reference, model = mlp(), mlp().to(DEVICE)
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     run = torch.compile(model, backend="neuron") if compiled else model
+    torchneuron.compile.reset()
     x = torch.randn(4, 16)
     same(run(x.to(DEVICE)), reference(x), f"tp forward (compiled={compiled})")
     run(x.to(DEVICE)).sum().backward()
     reference(x).sum().backward()
     same(model[0].weight.grad.full_tensor(), reference[0].weight.grad, "colwise weight grad")
     same(model[2].weight.grad.full_tensor(), reference[2].weight.grad, "rowwise weight grad")
+    if compiled:  # the forward's and backward's collectives are in their graphs' programs
+        report = torchneuron.compile.report()
+        assert report["graphs"] >= 2 and not report["eager_ops"], report
 
 
 def sequence_parallel(mesh):
