@@ -410,6 +410,13 @@ def job_compiled():
     equal(n, count, "compiled BXOR and PRODUCT all_reduce of int64")
     report = torchneuron.compile.report()
     assert report["graphs"] == 1 and not report["eager_ops"], report
+    # uneven splits make each rank's program different: that collective runs eagerly, still exactly
+    ins = [[1 + r, 3 - r] for r in range(WORLD)]
+    outs = [[ins[src][r] for src in range(WORLD)] for r in range(WORLD)]
+    uneven = torch.compile(lambda x: funcol.all_to_all_single(x * 2, outs[RANK], ins[RANK], group) + 1, backend="neuron")
+    received = torch.cat([rows[src].split(ins[src])[RANK] for src in range(WORLD)])
+    equal(uneven(rows[RANK].to(DEVICE)), received * 2 + 1, "compiled all_to_all_single with uneven splits")
+    assert "_c10d_functional.all_to_all_single.default" in torchneuron.compile.report()["eager_ops"]
     # a training step: the gradient all-reduce lives in the backward graph's program
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).to(DEVICE)

@@ -72,16 +72,15 @@ def broadcast(x, src, group_name):
     return _body("broadcast", x, src).reshape(x.shape)
 
 
-@collectives.lower(_ops.all_to_all_single.default)
+def _even_splits(node) -> bool:
+    """Uneven splits differ between ranks, and so would their programs: those run eagerly."""
+    rows = node.args[0].meta["val"].shape[0]
+    splits = [s for s in node.args[1:3] if s]
+    return all(isinstance(s, int) and s * len(sizes) == rows for sizes in splits for s in sizes)
+
+
+@collectives.lower(_ops.all_to_all_single.default, accepts=_even_splits)
 def all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
-    size = lax.axis_size(programs.AXIS)
-    even = [x.shape[0] // size] * size
-    if list(output_split_sizes or even) != even or list(input_split_sizes or even) != even:
-        raise NotImplementedError(
-            "neuron: all_to_all_single with uneven splits inside torch.compile is not supported (each rank's "
-            "program would differ); call it outside the compiled function, or report the need at the "
-            "project's issue tracker"
-        )
     return _body("all_to_all", x).reshape(x.shape)
 
 

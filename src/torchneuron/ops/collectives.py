@@ -11,6 +11,8 @@ import torch
 
 # functional collective op -> lowering of JAX arrays, run inside a program mapped over the op's group
 LOWERINGS = {}
+# op -> whether a graph node of it can run inside such a program (every rank's program must be the same)
+_ACCEPTS = {}
 
 # (group name, neuron device index) -> how a program maps over the group on that device (`.mesh`,
 # `.agree(what)`); with device index None, whether the group is a neuron one (None where it is not).
@@ -18,9 +20,11 @@ LOWERINGS = {}
 _resolver = None
 
 
-def lower(op):
+def lower(op, accepts=None):
     def register(fn):
         LOWERINGS[op] = fn
+        if accepts is not None:
+            _ACCEPTS[op] = accepts
         return fn
 
     return register
@@ -47,11 +51,15 @@ def _group_name(node):
 def group_of(gm: torch.fx.GraphModule):
     """The one process group the graph's collectives run over: its name; "" when no op of the graph
     names a group; None when its collectives cannot share one program (several groups, or a group that
-    is not a neuron one): they then run eagerly between compiled pieces."""
-    names = {_group_name(n) for n in gm.graph.nodes if n.op == "call_function" and n.target in LOWERINGS} - {None}
+    is not a neuron one, a node its op's `accepts` refuses): they then run eagerly between compiled
+    pieces."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LOWERINGS]
+    names = {_group_name(n) for n in nodes} - {None}
     if not names:
         return ""
     if len(names) > 1 or not all(isinstance(n, str) for n in names):
+        return None
+    if not all(_ACCEPTS.get(n.target, bool)(n) for n in nodes):
         return None
     (name,) = names
     return name if program_group(name, None) is not None else None
