@@ -361,6 +361,116 @@ def job_ddp(variants: str):
     dist.destroy_process_group()
 
 
+def _compiled_step(x, w, group):
+    total = funcol.all_reduce(x, "sum", group)
+    y = torch.tanh(total @ w) * 2
+    gathered = funcol.all_gather_tensor(y, 0, group)
+    biggest = funcol.all_reduce(gathered.amax(0), "max", group)
+    return gathered.sum(0) + biggest, funcol.reduce_scatter_tensor(gathered, "avg", 0, group)
+
+
+def _compiled_misc(x, n, group):
+    swapped = funcol.all_to_all_single(x, None, None, group)
+    count = funcol.all_reduce(n, "bxor", group) + funcol.all_reduce(n, "product", group)
+    return funcol.broadcast(swapped * 3, 1, group), count
+
+
+def job_compiled():
+    """Functional collectives in one compiled program: equal to eager and to the CPU, no graph split."""
+    import torchneuron.compile
+
+    init()
+    group = dist.group.WORLD
+    xs = [inputs(r, shape=(4, 3)) / 7 for r in range(WORLD)]
+    w = torch.linspace(-1, 1, 6).reshape(3, 2)
+    # the CPU's answer from every rank's input
+    y = torch.tanh(sum(xs) @ w) * 2
+    gathered = torch.cat([y] * WORLD)
+    expected = (gathered.sum(0) + gathered.amax(0), gathered.chunk(WORLD)[RANK])
+    eager = _compiled_step(xs[RANK].to(DEVICE), w.to(DEVICE), group)
+    torch._dynamo.reset()
+    torchneuron.compile.reset()
+    compiled = torch.compile(_compiled_step, backend="neuron", fullgraph=True)
+    for attempt in range(2):
+        outputs = compiled(xs[RANK].to(DEVICE), w.to(DEVICE), group)
+        for out, e, want in zip(outputs, eager, expected):
+            equal(out, e.cpu(), f"compiled step (call {attempt}) against eager")
+            equal(out, want, f"compiled step (call {attempt}) against the CPU")
+    report = torchneuron.compile.report()
+    assert report["graphs"] == 1 and report["specialisations"] == 1 and not report["eager_ops"], report
+    # an even all_to_all_single, broadcast, and integer reductions
+    rows = [torch.arange(8, dtype=torch.float32).reshape(4, 2) + 10 * r for r in range(WORLD)]
+    ns = [torch.tensor([3 + r, 6 * r + 1]) for r in range(WORLD)]
+    swapped = torch.cat([rows[r].chunk(WORLD)[1] for r in range(WORLD)])
+    count = (ns[0] ^ ns[1]) + ns[0] * ns[1]
+    torchneuron.compile.reset()
+    misc = torch.compile(_compiled_misc, backend="neuron", fullgraph=True)
+    out, n = misc(rows[RANK].to(DEVICE), ns[RANK].to(DEVICE), group)
+    equal(out, swapped * 3, "compiled all_to_all_single + broadcast")
+    equal(n, count, "compiled BXOR and PRODUCT all_reduce of int64")
+    report = torchneuron.compile.report()
+    assert report["graphs"] == 1 and not report["eager_ops"], report
+    # uneven splits make each rank's program different: that collective runs eagerly, still exactly
+    ins = [[1 + r, 3 - r] for r in range(WORLD)]
+    outs = [[ins[src][r] for src in range(WORLD)] for r in range(WORLD)]
+    uneven = torch.compile(lambda x: funcol.all_to_all_single(x * 2, outs[RANK], ins[RANK], group) + 1, backend="neuron")
+    received = torch.cat([rows[src].split(ins[src])[RANK] for src in range(WORLD)])
+    equal(uneven(rows[RANK].to(DEVICE)), received * 2 + 1, "compiled all_to_all_single with uneven splits")
+    assert "_c10d_functional.all_to_all_single.default" in torchneuron.compile.report()["eager_ops"]
+    # a training step: the gradient all-reduce lives in the backward graph's program
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(DEVICE)
+
+    def train_step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return [funcol.all_reduce(p.grad, "avg", group) for p in model.parameters()]
+
+    grads = torch.compile(train_step, backend="neuron")(xs[RANK].to(DEVICE))
+    reference = copy.deepcopy(model).cpu()
+    reference.zero_grad(set_to_none=True)
+    reference(torch.cat(xs)).square().mean().backward()
+    for g, p in zip(grads, reference.parameters()):
+        equal(g, p.grad, "compiled all_reduce of gradients", atol=1e-5, rtol=1e-5)
+    print("passed compiled collectives", torchneuron.compile.report(), flush=True)
+    check_adaptive_eager()
+    print("passed adaptive eager", flush=True)
+    # ranks compiling the graph for different shapes get an error, not mismatched collectives
+    uneven = torch.compile(lambda x: funcol.all_reduce(x, "sum", group) * 2, backend="neuron", dynamic=False)
+    try:
+        uneven(torch.ones(3 + RANK, device=DEVICE))
+    except RuntimeError as error:
+        assert "ranks disagree on a collective" in str(error) and "compiled graph" in str(error), error
+    else:
+        raise AssertionError("ranks compiling different programs were not stopped")
+    dist.destroy_process_group()
+
+
+def check_adaptive_eager():
+    """Under adaptive eager a collective is a sync point: the ops queued before it run (fused) first, it
+    reduces their result, and ops after it queue again on its output."""
+    from torchneuron.eager import adaptive
+
+    x = inputs(RANK).to(DEVICE)
+
+    def step():
+        y = (x * 2 + 1).relu()
+        assert adaptive.stats()["queued"] > 0 or not adaptive.is_enabled(), adaptive.stats()
+        dist.all_reduce(y, async_op=True)
+        assert adaptive.stats()["queued"] == 0, "the queue runs before the collective reads its input"
+        return (y - 3) * 0.5
+
+    eager = step().cpu()  # every op's executable runs once: adaptive eager queues only known-good ops
+    with torch.neuron.adaptive_eager():
+        flushes = adaptive.stats()["flushes"]
+        fused = step()
+        assert adaptive.stats()["queued"] > 0, "ops after the collective queue on its output"
+        equal(fused, eager, "adaptive eager around an all_reduce")
+        assert adaptive.stats()["flushes"] >= flushes + 2, adaptive.stats()
+    stacked = torch.stack([(inputs(r) * 2 + 1).relu() for r in range(WORLD)]).sum(0)
+    equal(eager, (stacked - 3) * 0.5, "all_reduce between queued ops against the CPU")
+
+
 def job_fault(kind: str):
     init(seconds=10)
     x = torch.ones(4 + (RANK if kind == "shape" else 0), device=DEVICE)

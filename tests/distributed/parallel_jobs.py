@@ -21,7 +21,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-import torchneuron  # noqa: F401
+import torchneuron
+import torchneuron.compile
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -184,12 +185,16 @@ def tensor_parallel(mesh, compiled):
     reference, model = mlp(), mlp().to(DEVICE)
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     run = torch.compile(model, backend="neuron") if compiled else model
+    torchneuron.compile.reset()
     x = torch.randn(4, 16)
     same(run(x.to(DEVICE)), reference(x), f"tp forward (compiled={compiled})")
     run(x.to(DEVICE)).sum().backward()
     reference(x).sum().backward()
     same(model[0].weight.grad.full_tensor(), reference[0].weight.grad, "colwise weight grad")
     same(model[2].weight.grad.full_tensor(), reference[2].weight.grad, "rowwise weight grad")
+    if compiled:  # the forward's and backward's collectives are in their graphs' programs
+        report = torchneuron.compile.report()
+        assert report["graphs"] >= 2 and not report["eager_ops"], report
 
 
 def sequence_parallel(mesh):
@@ -267,6 +272,77 @@ def pipeline_schedules():
         same(part[0].weight.grad, list(reference)[2 * RANK].weight.grad, f"{schedule.__name__} gradient",
              rtol=1e-4, atol=1e-6)
         print(f"passed pipelining {schedule.__name__}", flush=True)
+
+
+def interleaved_pipeline():
+    """Two stages per rank (rank r holds stages r and r + 2): the schedule posts sends and receives in
+    orders that differ between the ranks."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    def layers():
+        torch.manual_seed(0)
+        return [m for _ in range(4) for m in (nn.Linear(8, 8), nn.Tanh())]
+
+    reference = nn.Sequential(*layers())
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    expected = reference(x)
+    F.mse_loss(expected, y).backward()
+    mine_ = [RANK, RANK + WORLD]
+    parts = [nn.Sequential(*layers()[2 * i : 2 * i + 2]).to(DEVICE) for i in mine_]
+    stages = [PipelineStage(part, i, 2 * WORLD, DEVICE) for part, i in zip(parts, mine_)]
+    run = ScheduleInterleaved1F1B(stages, n_microbatches=4, loss_fn=F.mse_loss)
+    if RANK == 0:
+        run.step(x.to(DEVICE))
+    else:
+        same(run.step(target=y.to(DEVICE)), expected.detach(), "ScheduleInterleaved1F1B output")
+    for part, i in zip(parts, mine_):
+        same(part[0].weight.grad, reference[2 * i].weight.grad, f"ScheduleInterleaved1F1B gradient of stage {i}",
+             rtol=1e-4, atol=1e-6)
+
+
+def p2p_in_any_order():
+    """Sends and receives match by peer, tag and posting order, whatever order each rank posts them in."""
+    peer = 1 - RANK
+    values = [torch.full((3,), 10.0 * RANK + k) for k in range(3)]
+    expected = [torch.full((3,), 10.0 * peer + k) for k in range(3)]
+    received = [torch.zeros(3, device=DEVICE) for _ in range(3)]
+    sends = [dist.P2POp(dist.isend, v.to(DEVICE), peer) for v in values]
+    receives = [dist.P2POp(dist.irecv, r, peer) for r in received]
+    # rank 0 posts its sends first, rank 1 its receives: the k-th receive gets the peer's k-th send
+    for work in dist.batch_isend_irecv(sends + receives if RANK == 0 else receives + sends):
+        work.wait()
+    for k in range(3):
+        same(received[k], expected[k], f"batch_isend_irecv with mixed order, message {k}")
+    # tags: rank 1 waits for the second message before it asks for the first
+    if RANK == 0:
+        for tag in (1, 2):
+            dist.isend(torch.full((2,), float(tag), device=DEVICE), 1, tag=tag)
+    else:
+        late = torch.zeros(2, device=DEVICE)
+        dist.irecv(late, 0, tag=2).wait()
+        early = torch.zeros(2, device=DEVICE)
+        dist.recv(early, 0, tag=1)
+        same(late, torch.full((2,), 2.0), "recv by tag 2")
+        same(early, torch.full((2,), 1.0), "recv by tag 1 after tag 2")
+    # a receive into a strided view writes through it; the rest of the storage is untouched
+    base = torch.zeros(4, 6, device=DEVICE)
+    if RANK == 0:
+        dist.send(torch.arange(12.0, device=DEVICE).reshape(4, 3).t(), 1)
+    else:
+        dist.recv(base[:, ::2].t(), 0)
+        want = torch.zeros(4, 6)
+        want[:, ::2].t().copy_(torch.arange(12.0).reshape(4, 3).t())
+        same(base, want, "recv into a strided view")
+    dist.barrier()
+
+
+def job_p2p_order():
+    init()
+    p2p_in_any_order()
+    print("passed p2p in any order", flush=True)
+    interleaved_pipeline()
+    print("passed ScheduleInterleaved1F1B", flush=True)
+    dist.destroy_process_group()
 
 
 def checkpoint_round_trip(path):

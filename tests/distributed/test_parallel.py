@@ -25,3 +25,10 @@ def test_pipelining_checkpoints_and_compiled_fsdp2(tmp_path):
     path = str(tmp_path / "checkpoint")
     launch.check(launch.run("pipeline_checkpoint_compile", path, timeout=240, jobs=JOBS))
     launch.check(launch.run("checkpoint_on_one_rank", path, world=1, timeout=120, jobs=JOBS))
+
+
+def test_p2p_matches_by_peer_tag_and_order_and_interleaved_1f1b_runs():
+    """batch_isend_irecv with sends and receives in different orders on the two ranks, receives by tag
+    out of order, a receive into a strided view, and ScheduleInterleaved1F1B (two stages per rank)
+    against one process on the CPU."""
+    launch.check(launch.run("p2p_order", timeout=120, jobs=JOBS))

@@ -22,7 +22,7 @@ from torch._functorch.partitioners import default_partition
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..ops import registry, rules
+from ..ops import collectives, registry, rules
 from .executable import CompiledGraph
 from .stats import counters, eager_ops
 
@@ -53,16 +53,19 @@ def decompositions() -> dict:
     return {op: fn for op, fn in core_aten_decompositions().items() if op not in registry.LOWERINGS}
 
 
-def supported(target) -> bool:
-    """Whether a graph node's op runs inside a compiled program."""
+def supported(target, with_collectives: bool = False) -> bool:
+    """Whether a graph node's op runs inside a compiled program (collectives: in a graph whose
+    collectives share one process group, see ops.collectives)."""
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    return rules.rule(target).compiles
+    op = rules.rule(target)
+    return op.compiles or (with_collectives and op.collective is not None)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs):
     counters["graphs"] += 1
-    missing = [n.target for n in gm.graph.nodes if n.op == "call_function" and not supported(n.target)]
+    with_collectives = collectives.group_of(gm) is not None
+    missing = [n.target for n in gm.graph.nodes if n.op == "call_function" and not supported(n.target, with_collectives)]
     if not missing:
         return CompiledGraph(gm)
     for op in missing:
@@ -71,17 +74,20 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         f"torchneuron: no lowering for {sorted({str(op) for op in missing})}; torch.compile runs them "
         "eagerly between compiled pieces (see torchneuron.compile.report())"
     )
-    return _Boxed(split_at_missing_ops(gm))
+    return _Boxed(split_at_missing_ops(gm, with_collectives))
 
 
 class _Support(OperatorSupportBase):
+    def __init__(self, with_collectives: bool):
+        self.with_collectives = with_collectives
+
     def is_node_supported(self, submodules, node) -> bool:
-        return node.op == "call_function" and supported(node.target)
+        return node.op == "call_function" and supported(node.target, self.with_collectives)
 
 
-def split_at_missing_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def split_at_missing_ops(gm: torch.fx.GraphModule, with_collectives: bool = False) -> torch.fx.GraphModule:
     """The graph with each maximal run of supported ops replaced by one compiled piece."""
-    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(with_collectives), allows_single_node_partition=True)
     split = partitioner.partition_and_fuse()
     for node in list(split.graph.nodes):
         if node.op == "call_module":

@@ -16,10 +16,10 @@ from torch.utils import _pytree as pytree
 
 from ..runtime import rng
 from ..eager import adaptive, transfers
-from ..ops import rules
+from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
-from ..runtime.program import StorageProgram
+from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of
 from ..runtime.tensor import NeuronTensor, wrap, wrap_buffer
 from . import disk_cache
 from .stats import counters
@@ -45,6 +45,8 @@ class CompiledGraph:
                             for v in leaves]
         self.out_aliases = _output_aliases(leaves)
         self.default_device = _meta_device(gm)
+        # a graph with collectives runs as one program of all its group's ranks (ops.collectives)
+        self.group = collectives.group_of(gm)
         self.specialisations = {}
         # named by content, as the graph's executable is in XLA's program text and in profiles
         self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
@@ -181,9 +183,21 @@ class _Program:
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
+        self.mesh = None
+        if graph.group:
+            group = collectives.program_group(graph.group, self.device_index)
+            self.mesh = group.mesh
+            # ranks compiling different programs would run mismatched collectives: compare first
+            group.agree(f"compiled graph {graph.name} on {[spec[:4] for spec in specs]}")
 
         # a stand-in key: compiling must not advance the generator, or a cold run would draw other numbers
         avals = self.program.avals([jax.ShapeDtypeStruct((4,), np.uint32)] if self.random else [])
+        if self.mesh is not None:
+            # a program of several processes is compiled by each of them for its own device, not cached on disk
+            counters["xla_compiles"] += 1
+            lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
+            self.compiled, self.array_outputs, self.constants = lowered.compile(), array_outputs, constants
+            return
 
         def export():
             jitted = self.program.jit(self.device_index)
@@ -204,7 +218,11 @@ class _Program:
         flat = self.program.buffers_of(storages)
         if self.random:
             flat.append(rng.next_key(self.device_index))
+        if self.mesh is not None:
+            flat = over_mesh(flat, self.mesh)
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)
+        if self.mesh is not None:
+            results = shard_of(results)
         if results:
             sync.launched(self.device_index, results[-1])
         n_written = len(self.program.written_storages)

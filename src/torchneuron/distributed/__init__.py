@@ -1,6 +1,7 @@
 """`torch.distributed` on neuron: the `neuron` c10d backend (see docs/distributed.md)."""
 import torch.distributed as dist
 
+from . import compiled  # noqa: F401  (functional collectives inside compiled graphs)
 from .process_group import NeuronProcessGroup, Work, create
 
 

@@ -43,27 +43,23 @@ def _await(arrays, timeout: datetime.timedelta, what: str) -> None:
 
 
 class Work(dist._Work):
-    """A collective in flight: its outputs are already the caller's tensors; `arrays` say when it is done."""
+    """A collective in flight: its outputs are already the caller's tensors; `arrays` say when it is done,
+    with the works it is made of (`parts`: those a coalescing manager gathered)."""
 
-    def __init__(self, outputs, arrays, timeout, what: str, launch=None):
+    def __init__(self, outputs, arrays, timeout, what: str, parts=()):
         super().__init__()
         self._outputs = outputs
         self._arrays = arrays
         self._timeout = timeout
         self._what = what
-        self._launch = launch
-
-    def _launched(self) -> None:
-        if self._launch is not None:
-            launch, self._launch = self._launch, None
-            launch()
+        self._parts = parts
 
     def is_completed(self) -> bool:
-        self._launched()
-        return all(a.is_ready() for a in self._arrays)
+        return all(p.is_completed() for p in self._parts) and all(a.is_ready() for a in self._arrays)
 
     def wait(self, timeout=datetime.timedelta(0)) -> bool:
-        self._launched()
+        for part in self._parts:
+            part.wait(timeout)
         _await(self._arrays, timeout if timeout else self._timeout, self._what)
         return True
 
@@ -75,11 +71,47 @@ class Work(dist._Work):
         return self._outputs
 
     def get_future(self) -> torch.futures.Future:
+        if self._parts:
+            return torch.futures.collect_all([p.get_future() for p in self._parts]).then(lambda _: self._outputs)
         # later ops on the outputs wait for the program on the device; the value is ready to use now
-        self._launched()
         future = torch.futures.Future()
         future.set_result(self._outputs)
         return future
+
+
+class _HostWork(Work):
+    """A send or receive through the group's gloo transport, on a host copy; a receive writes what
+    arrived into the caller's tensor when it completes."""
+
+    def __init__(self, outputs, host_work, timeout, what: str, received=None):
+        super().__init__(outputs, [], timeout, what)
+        self._host_work = host_work
+        self._received = received  # (tensor, host copy) pairs still to write
+
+    def _finish(self) -> None:
+        received, self._received = self._received, None
+        with torch.no_grad():
+            for tensor, host in received or ():
+                tensor.copy_(host)
+
+    def is_completed(self) -> bool:
+        if not self._host_work.is_completed():
+            return False
+        self._finish()
+        return True
+
+    def wait(self, timeout=datetime.timedelta(0)) -> bool:
+        try:
+            self._host_work.wait(timeout if timeout else self._timeout)
+        except dist.DistBackendError:
+            raise
+        except RuntimeError as error:
+            raise dist.DistBackendError(f"neuron: {self._what} failed: {error}") from error
+        self._finish()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._host_work.get_future().then(lambda _: (self._finish(), self._outputs)[1])
 
 
 def _op_name(op) -> tuple:
@@ -111,9 +143,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._group_desc = ""
         self._cpu = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
         self._store = store
-        self._p2p = {}  # peer -> queued sends/recvs (see _queue_p2p)
         self._calls = {}  # participants -> programs run: the same count on every rank while they agree
         self._coalesced = None  # works issued inside a coalescing manager
+        self._in_flight = []  # sends and receives not known complete: gloo cancels one whose work is freed
 
     # --- names: functional collectives look groups up by name ------------------------------------------
 
@@ -154,32 +186,36 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _work(self, outputs, written, what, arrays=()) -> Work:
         arrays = list(arrays) + [t._storage.buffer for t in written]
-        work = Work(outputs, arrays, self._timeout, what)
+        return self._issued(Work(outputs, arrays, self._timeout, what))
+
+    def _issued(self, work: Work) -> Work:
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
+    def _agreement(self, participants) -> "_Agreement":
+        call = self._calls[participants] = self._calls.get(participants, 0) + 1
+        return _Agreement(self, participants, call)
+
     def _run(self, kind, grp, flat, *statics):
         participants = tuple(self._ranks.index(r) for r in grp.ranks)
-        call = self._calls[participants] = self._calls.get(participants, 0) + 1
-        return programs.run(_Agreement(self, participants, call), kind, grp, flat, *statics)
+        return programs.run(self._agreement(participants), kind, grp, flat, *statics)
+
+    def _agree(self, what: str) -> None:
+        """Check that every rank of the group is about to run `what` (a compiled graph's program)."""
+        self._agreement(tuple(range(self.size())))(what)
 
     def _start_coalescing(self, device) -> None:
         self._coalesced = []
 
     def _end_coalescing(self, device) -> Work:
         works, self._coalesced = self._coalesced or [], None
-        return Work([t for w in works for t in w._outputs], [a for w in works for a in w._arrays], self._timeout, "coalesced collectives")
-
-    def _flush_p2p(self) -> None:
-        for peer in sorted(self._p2p):
-            self._run_p2p(peer)
+        return Work([t for w in works for t in w._outputs], [], self._timeout, "coalesced collectives", works)
 
     def _reduce_each(self, tensors, op, kind: str, what: str) -> Work:
         name, factor = _op_name(op)
         for t in tensors:
             _check_op(name, t.dtype)
-        self._flush_p2p()
         for t in tensors:
             buffers.write(t, self._run(kind, self._mesh(t), buffers.flat(t), name, factor))
         return self._work(tensors, tensors, what)
@@ -200,7 +236,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         if self._on_cpu(tensors):
             return self._cpu.broadcast(tensors, opts)
-        self._flush_p2p()
         for t in tensors:
             buffers.write(t, self._run("broadcast", self._mesh(t), buffers.flat(t), opts.rootRank))
         return self._work(tensors, tensors, "broadcast")
@@ -212,7 +247,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         name, factor = _op_name(opts.reduceOp)
         for t in tensors:
             _check_op(name, t.dtype)
-        self._flush_p2p()
         # an all-reduce whose result only the root keeps: the same traffic as a ring reduce
         arrays = [self._run("all_reduce", self._mesh(t), buffers.flat(t), name, factor) for t in tensors]
         if self.rank() == opts.rootRank:
@@ -243,7 +277,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllgatherOptions()
         if self._on_cpu(input_tensors + [t for ts in output_tensors for t in ts]):
             return self._cpu.allgather(output_tensors, input_tensors, opts)
-        self._flush_p2p()
         for outputs, source in zip(output_tensors, input_tensors):
             self._check_count(outputs, "all_gather")
             for out in outputs:
@@ -263,7 +296,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllgatherOptions()
         if self._on_cpu(outputs + inputs):
             return self._cpu.allgather_into_tensor_coalesced(outputs, inputs, opts)
-        self._flush_p2p()
         for out, source in zip(outputs, inputs):
             if out.numel() != source.numel() * self.size():
                 raise ValueError("output tensor size must be equal to world_size times input tensor size")
@@ -278,7 +310,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.GatherOptions()
         if self._on_cpu(input_tensors + [t for ts in output_tensors for t in ts]):
             return self._cpu.gather(output_tensors, input_tensors, opts)
-        self._flush_p2p()
         (source,) = input_tensors
         gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
         written = []
@@ -297,7 +328,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if self._on_cpu(output_tensors + [t for ts in input_tensors for t in ts]):
             return self._cpu.reduce_scatter(output_tensors, input_tensors, opts)
         name, factor = _op_name(opts.reduceOp)
-        self._flush_p2p()
         for out, inputs in zip(output_tensors, input_tensors):
             _check_op(name, out.dtype)
             self._check_count(inputs, "reduce_scatter")
@@ -317,7 +347,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if self._on_cpu(outputs + inputs):
             return self._cpu.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
         name, factor = _op_name(opts.reduceOp)
-        self._flush_p2p()
         for out, source in zip(outputs, inputs):
             _check_op(name, out.dtype)
             if source.numel() != out.numel() * self.size():
@@ -333,7 +362,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ScatterOptions()
         if self._on_cpu(output_tensors + [t for ts in input_tensors for t in ts]):
             return self._cpu.scatter(output_tensors, input_tensors, opts)
-        self._flush_p2p()
         (out,) = output_tensors
         if self.rank() == opts.rootRank:
             (inputs,) = input_tensors
@@ -350,7 +378,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllToAllOptions()
         if self._on_cpu([output, input]):
             return self._cpu.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-        self._flush_p2p()
         size = self.size()
         if not input_split_sizes and not output_split_sizes:
             if input.numel() % size or output.numel() != input.numel():
@@ -370,7 +397,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllToAllOptions()
         if self._on_cpu(output_tensors + input_tensors):
             return self._cpu.alltoall(output_tensors, input_tensors, opts)
-        self._flush_p2p()
         self._check_count(input_tensors, "all_to_all")
         self._check_count(output_tensors, "all_to_all")
         results = self._exchange_uneven([buffers.flat(t) for t in input_tensors], [t.numel() for t in output_tensors], input_tensors[0])
@@ -390,7 +416,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return [exchanged[i * width : i * width + n] for i, n in enumerate(received_sizes)]
 
     def barrier(self, opts=None):
-        self._flush_p2p()
         index = torch.neuron.current_device()
         done = self._run("all_reduce", self._mesh_at(index), _scalar_on(platform.jax_device(index), 0), "SUM", None)
         work = Work([], [done], self._timeout, "barrier")
@@ -400,55 +425,39 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # --- point to point ---------------------------------------------------------------------------------
 
     def send(self, tensors, dst: int, tag: int = 0):
-        return self._queue_p2p(tensors, dst, sending=True)
+        if self._on_cpu(tensors):
+            return self._cpu.send(tensors, dst, tag)
+        self._check_peer(dst, "destination")
+        # a host copy taken now: later writes to the tensors (or donation of their buffers) cannot reach it
+        host = [t.detach().to("cpu", copy=True).contiguous() for t in tensors]
+        return self._p2p(_HostWork(tensors, self._cpu.send(host, dst, tag), self._timeout, "send"))
 
     def recv(self, tensors, src: int, tag: int = 0):
-        return self._queue_p2p(tensors, src, sending=False)
+        if self._on_cpu(tensors):
+            return self._cpu.recv(tensors, src, tag)
+        self._check_peer(src, "source")
+        host = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        work = self._cpu.recv(host, src, tag)
+        return self._p2p(_HostWork(tensors, work, self._timeout, "recv", list(zip(tensors, host))))
+
+    def _p2p(self, work: "_HostWork") -> "_HostWork":
+        # held until complete: a send the caller drops (isend without wait) still happens, as on NCCL
+        self._in_flight = [w for w in self._in_flight if not w._host_work.is_completed()] + [work]
+        return self._issued(work)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise RuntimeError("neuron: recv from any source is not supported (collectives are compiled for known ranks); pass src")
+        raise RuntimeError("neuron: recv from any source is not supported; pass src")
 
-    def _queue_p2p(self, tensors, peer: int, sending: bool):
-        """Sends and receives wait, per peer, until something needs them, then run lower rank -> higher
-        rank first: both ranks then issue the same programs in the same order whichever of send/recv
-        each posted first (the pattern of batch_isend_irecv and pipeline stages)."""
-        if self._on_cpu(tensors):
-            return (self._cpu.send if sending else self._cpu.recv)(tensors, peer, 0)
+    def _check_peer(self, peer: int, what: str) -> None:
         if peer == self.rank() or not 0 <= peer < self.size():
-            raise ValueError(f"Invalid {'destination' if sending else 'source'} rank {peer} for a group of size {self.size()} (this rank is {self.rank()})")
-        queued = self._p2p.setdefault(peer, [])
-        launch = lambda: self._run_p2p(peer)  # noqa: E731
-        work = Work(tensors, [], self._timeout, "send" if sending else "recv", launch)
-        queued.append((sending, tensors, work))
-        return work
-
-    def _run_p2p(self, peer: int) -> None:
-        queued = self._p2p.pop(peer, [])
-        me = self.rank()
-        upward = [q for q in queued if q[0] == (me < peer)]
-        downward = [q for q in queued if q[0] != (me < peer)]
-        low, high = sorted((me, peer))
-        pair = None
-        for sending, tensors, work in upward + downward:
-            for t in tensors:
-                if pair is None:
-                    pair = self._mesh_at(t._spec[4], (self._ranks[low], self._ranks[high]))
-                source, destination = (0, 1) if (me == low) == sending else (1, 0)
-                values = buffers.flat(t) if sending else _zeros(t, t.numel())
-                received = self._run("send", pair, values, source, destination)
-                if not sending:
-                    buffers.write(t, received)
-                work._arrays.append(received)
-            work._launch = None
+            raise ValueError(f"Invalid {what} rank {peer} for a group of size {self.size()} (this rank is {self.rank()})")
 
     # --- lifetime -------------------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        self._flush_p2p()
         self._release()
 
     def abort(self) -> None:
-        self._p2p.clear()
         self._release()
 
     def _release(self) -> None:

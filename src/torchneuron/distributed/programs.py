@@ -76,7 +76,7 @@ def _reduce_scatter(op: str, size: int):
     return lambda x: _reduce_rows(lax.all_to_all(x.reshape(size, -1), AXIS, 0, 0, tiled=True), op)
 
 
-def _bodies(kind: str, size: int, statics: tuple):
+def rank_body(kind: str, size: int, statics: tuple):
     """The per-rank function of the program: one flat shard in, one flat shard out."""
     if kind == "all_reduce":
         op, factor = statics
@@ -95,9 +95,6 @@ def _bodies(kind: str, size: int, statics: tuple):
     if kind == "scatter":
         (root,) = statics
         return lambda x: lax.all_to_all(x.reshape(size, -1), AXIS, 0, 0, tiled=True)[root]
-    if kind == "send":
-        (source, destination) = statics
-        return lambda x: lax.ppermute(x, AXIS, [(source, destination)])
     raise AssertionError(kind)
 
 
@@ -113,7 +110,7 @@ def _program(kind: str, grp: Group, length: int, dtype, statics: tuple, agree):
         arguments = ", ".join(str(s) for s in statics if s is not None)
         agree(f"{kind}({arguments}) of {length} x {jnp.dtype(dtype).name} per rank")
     if compiled is None:
-        body = _bodies(kind, grp.size, statics)
+        body = rank_body(kind, grp.size, statics)
         mapped = jax.shard_map(body, mesh=grp.mesh, in_specs=_SPEC, out_specs=_SPEC)
         shape = jax.ShapeDtypeStruct((grp.size * length,), dtype, sharding=grp.sharding)
         compiled = _programs[key] = jax.jit(mapped).lower(shape).compile()
@@ -123,13 +120,13 @@ def _program(kind: str, grp: Group, length: int, dtype, statics: tuple, agree):
 def run(agree, kind: str, grp: Group, flat, *statics):
     """This rank's shard of the collective `kind` over `grp`, given this rank's flat buffer. `agree(what)`
     checks that every rank runs the same program (called when it is first compiled here)."""
-    flat = _unbooled(flat)
+    flat = unbooled(flat)
     compiled = _program(kind, grp, flat.shape[0], flat.dtype, statics, agree)
     whole = jax.make_array_from_single_device_arrays((grp.size * flat.shape[0],), grp.sharding, [flat])
     return compiled(whole).addressable_data(0)
 
 
-def _unbooled(flat):
+def unbooled(flat):
     # collectives reduce numbers: booleans travel as bytes (SUM/MAX of 0/1 is OR, MIN/PRODUCT is AND)
     return flat.astype(jnp.uint8) if flat.dtype == jnp.bool_ else flat
 

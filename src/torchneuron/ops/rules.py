@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from ..runtime.dtypes import convert, tensor_to_numpy, to_jax
-from . import registry
+from . import collectives, registry
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +34,8 @@ class OpRule:
     cpu_forced: bool  # torchneuron.library.force_cpu
     checked_outputs: bool  # a library lowering: its outputs are checked against the fake kernel
     meta: object  # output metadata (and PyTorch's errors for bad input) of `op`
+    # a collective's lowering, only for programs mapped over its process group (ops.collectives)
+    collective: object = None
 
     @property
     def compiles(self) -> bool:
@@ -67,6 +69,7 @@ def _build(op) -> OpRule:
         cpu_forced=op in registry.CPU_FORCED,
         checked_outputs=op in registry.CHECKED_OUTPUTS or target in registry.CHECKED_OUTPUTS,
         meta=registry.META.get(op, op),
+        collective=collectives.LOWERINGS.get(op),
     )
 
 
@@ -190,11 +193,12 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
                 env[node] = target(*args, **kwargs)
                 continue
             op = rule(target)
-            if op.lowering is None:
+            lowering = op.lowering if op.lowering is not None else op.collective
+            if lowering is None:
                 raise MissingLowering(target)
             if op.random:
                 args = (jax.random.fold_in(key, index), *args)
-            out = op.lowering(*args, **kwargs)
+            out = lowering(*args, **kwargs)
             meta = node.meta.get("val")
             registry.check_outputs(target, out, meta)
             if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):

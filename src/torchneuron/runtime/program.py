@@ -7,7 +7,7 @@ storages' new buffers (the old ones are donated) followed by the computation's o
 computation differs (an op's lowering, a graph), so it is the one thing a caller gives.
 """
 import jax
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from . import layout
 from .dtypes import to_jax
@@ -52,6 +52,13 @@ class StorageProgram:
         return jax.jit(function or self.function, donate_argnums=tuple(range(len(self.written_storages))),
                        out_shardings=SingleDeviceSharding(jax_device(device_index)))
 
+    def jit_over(self, mesh):
+        """The program mapped over a one-axis mesh of processes' devices (its collectives name the axis):
+        each argument and result is this process's flat shard of an array over the mesh (`shard_of`)."""
+        spec = PartitionSpec(mesh.axis_names[0])
+        mapped = jax.shard_map(self.function, mesh=mesh, in_specs=spec, out_specs=spec)
+        return jax.jit(mapped, donate_argnums=tuple(range(len(self.written_storages))))
+
     def avals(self, extras) -> list:
         """Arguments for tracing: the storages' buffers as abstract values, then `extras` as given."""
         return [*self.storage_avals, *extras]
@@ -63,3 +70,19 @@ class StorageProgram:
             buffer = storages[p]._buffer
             flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
         return flat
+
+
+def global_avals(avals, mesh) -> list:
+    """Flat per-process avals as the arrays over `mesh` whose shards they are."""
+    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return [jax.ShapeDtypeStruct((mesh.size * a.shape[0],), a.dtype, sharding=sharding) for a in avals]
+
+
+def over_mesh(arrays, mesh) -> list:
+    """This process's flat arrays as its shards of arrays over `mesh` (no copy)."""
+    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return [jax.make_array_from_single_device_arrays((mesh.size * a.shape[0],), sharding, [a]) for a in arrays]
+
+
+def shard_of(arrays) -> list:
+    return [a.addressable_data(0) for a in arrays]
