@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torchneuron.eager import fallback
+
 
 def test_python_scalar_type_decides_the_result_dtype_not_a_cached_executable():
     """1, 1.0, True and 1+0j are equal and hash alike; each promotes differently."""
@@ -285,3 +287,29 @@ def test_cpu_index_and_mask_tensors_index_neuron_tensors_as_cuda_ones(indexing):
 )
 def test_a_mask_of_the_wrong_shape_raises_index_error(bad):
     raises_like_cpu(bad)
+
+
+FILL_OVERFLOWS = {
+    "full-float8": lambda d: torch.full((2,), 1000.0, dtype=torch.float8_e4m3fn, device=d),
+    "fill-float8-inf": lambda d: torch.zeros(2, dtype=torch.float8_e4m3fn, device=d).fill_(float("inf")),
+    "fill-half": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(1e6),
+    "fill-float": lambda d: torch.zeros(2, device=d).fill_(1e300),
+    "fill-int8": lambda d: torch.zeros(2, dtype=torch.int8, device=d).fill_(128),
+    "fill-uint8-negative-float": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(-0.5),
+    "fill-uint8-below-wrap": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(-256),
+}
+
+
+@pytest.mark.parametrize("bad", FILL_OVERFLOWS.values(), ids=FILL_OVERFLOWS.keys())
+def test_fill_values_the_dtype_cannot_hold_raise_at_the_call(bad):
+    """The device program would saturate or wrap them: the CPU refuses them."""
+    raises_like_cpu(bad)
+
+
+def test_fill_values_the_cpu_accepts_give_its_values():
+    fills = [(torch.float8_e5m2, float("inf")), (torch.float16, float("nan")), (torch.int8, -3.7),
+             (torch.uint8, -1), (torch.uint8, -255), (torch.bool, 5), (torch.float16, 65504.0)]
+    with fallback.as_error():
+        for dtype, value in fills:
+            got = torch.zeros(2, dtype=dtype, device="neuron").fill_(value).cpu()
+            torch.testing.assert_close(got, torch.zeros(2, dtype=dtype).fill_(value), equal_nan=True)

@@ -1,4 +1,6 @@
 """The handlers of ops that are not plain computations: transfers, host reads, storage changes."""
+import math
+
 import torch
 
 from ..ops.rules import rule
@@ -62,6 +64,36 @@ def _computation(func):
     if handler is None:
         handler = _COMPUTATIONS[func] = Compute(rule(func))
     return handler
+
+
+# C++ names of the dtypes, as the CPU's overflow message gives them
+_CPP_NAMES = {
+    torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float", torch.float64: "double",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2", torch.int8: "int8_t",
+    torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int", torch.int64: "int64_t",
+}
+
+
+@handles(aten.fill_.Scalar, aten.fill.Scalar)
+def fill(func, args, kwargs):
+    """The CPU refuses a fill value its dtype cannot hold (`torch.full(..., 1000.0, dtype=float8_e4m3fn)`);
+    the device program, given the value as a traced scalar, would saturate or wrap it."""
+    tensor, value = args[0], args[1]
+    if not isinstance(value, (bool, complex)) and tensor.dtype in _CPP_NAMES and _overflows(value, tensor.dtype):
+        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[tensor.dtype]} without overflow")
+    return _computation(func)(func, args, kwargs)
+
+
+def _overflows(value, dtype) -> bool:
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        # unsigned types take negative integers down to -max, wrapping them (two's complement), but no
+        # negative float
+        low = -info.max if info.min == 0 and isinstance(value, int) else info.min
+        return not low <= value <= info.max
+    if math.isinf(value):
+        return dtype == torch.float8_e4m3fn  # the one float dtype here without infinities
+    return math.isfinite(value) and abs(value) > torch.finfo(dtype).max
 
 
 @handles(aten._local_scalar_dense.default)

@@ -466,6 +466,8 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(x, value):
+    if type(value) is int and jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        value %= 1 << (8 * x.dtype.itemsize)  # a negative integer wraps, as the CPU's two's complement does
     return jnp.full(x.shape, cast(value, x.dtype))
 
 
