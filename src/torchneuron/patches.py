@@ -128,6 +128,37 @@ def accelerator_api_routes_to_torch_neuron():
         route(name)
 
 
+@_patch
+def flex_attention_accepts_neuron() -> None:
+    """`flex_attention` refuses devices outside a fixed set (cuda, cpu, xpu, hpu, mps) before it runs
+    anything; on neuron its higher-order ops run PyTorch's dense implementation (ops/flex_attention.py)."""
+    module = importlib.import_module("torch.nn.attention.flex_attention")
+    original = module._validate_device
+
+    def _validate_device(query, key, value):
+        if query.device.type != "neuron":
+            original(query, key, value)
+
+    module._validate_device = _validate_device
+
+
+@_patch
+def inductor_hands_neuron_graphs_to_neuron() -> None:
+    """Inductor has no code generator for PrivateUse1 devices, so `torch.compile(fn)` with its default
+    backend (TorchTitan compiles flex_attention and create_block_mask that way) would fail on neuron
+    inputs: such graphs go to the `neuron` backend instead; Inductor's options do not apply to it."""
+    original = torch._TorchCompileInductorWrapper.__call__
+
+    def __call__(self, model, inputs):
+        # a graph may make its neuron tensors itself (create_block_mask takes no tensor)
+        values = [*inputs, *(node.meta.get("example_value") for node in model.graph.nodes)]
+        if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in torch.utils._pytree.tree_leaves(values)):
+            return torch._dynamo.lookup_backend("neuron")(model, inputs)
+        return original(self, model, inputs)
+
+    torch._TorchCompileInductorWrapper.__call__ = __call__
+
+
 # --- compile patches ---------------------------------------------------------------
 
 
@@ -231,6 +262,8 @@ def apply() -> None:
     tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()
     torch_profiler_sessions_reach_neuron()
+    flex_attention_accepts_neuron()
+    inductor_hands_neuron_graphs_to_neuron()
     apply.done = True
 
 

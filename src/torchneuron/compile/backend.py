@@ -23,6 +23,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ops import registry, rules
+from ..ops.flex_attention import EAGER_HOPS
 from .executable import CompiledGraph
 from .stats import counters, eager_ops
 
@@ -35,6 +36,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
     if options:
         raise RuntimeError(f"backend 'neuron' takes no options, got {sorted(options)}")
     counters["dynamo_graphs"] += 1
+    if any(node.target in EAGER_HOPS for node in gm.graph.nodes):
+        # flex attention's dense implementation fails inside AOTAutograd's graphs (its HOP redispatches
+        # under a TorchFunctionMode there): such a graph runs op by op, as in eager
+        counters["eager_graphs"] += 1
+        return gm.forward
     return aot_module_simplified(
         gm,
         example_inputs,

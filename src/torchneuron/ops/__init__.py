@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration side effects)
     elementwise,
     factories,
     fft,
+    flex_attention,
     float8,
     indexing,
     linalg,
