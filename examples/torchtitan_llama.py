@@ -69,7 +69,7 @@ def titan_arguments(tokenizer_dir: Path, dataset_dir: Path, dump_folder: Path, o
         "--training.local_batch_size", "2", "--training.seq_len", "64", "--training.steps", "10",
         "--training.mixed_precision_param", "float32",
         "--validator.no-enable", "--checkpoint.no-enable", "--debug.seed", "0",
-        # TorchTitan's default "spmd_types" path leaves the embedding a plain tensor under FSDP2 with torch 2.13
+        # TorchTitan's default "spmd_types" path needs a newer fully_shard than torch 2.13's (docs/parallelism.md)
         "--parallelism.spmd_backend", "partial_dtensor",
         *overrides,
     ]

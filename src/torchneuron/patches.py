@@ -151,8 +151,8 @@ def inductor_hands_neuron_graphs_to_neuron() -> None:
 
     def __call__(self, model, inputs):
         # a graph may make its neuron tensors itself (create_block_mask takes no tensor)
-        values = [*inputs, *(node.meta.get("example_value") for node in model.graph.nodes)]
-        if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in torch.utils._pytree.tree_leaves(values)):
+        values = torch.utils._pytree.tree_leaves([*inputs, *(n.meta.get("example_value") for n in model.graph.nodes)])
+        if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in values):
             return torch._dynamo.lookup_backend("neuron")(model, inputs)
         return original(self, model, inputs)
 
