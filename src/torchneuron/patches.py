@@ -250,8 +250,24 @@ def torch_profiler_sessions_reach_neuron() -> None:
     module.profile.export_chrome_trace = export_chrome_trace
 
 
+def flex_attention_runs_under_aot_analysis() -> None:
+    """AOTAutograd runs a compiled graph's first call under a dispatch mode that checks custom ops for
+    aliasing; a higher-order op needs a rule for every mode it meets, and flex attention's ops, which
+    run between compiled pieces on neuron (ops/flex_attention.py), have none for this one, which only
+    watches: they run as if it were not there."""
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+    from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
+
+    def unwatched(hop):
+        return lambda mode, *args, **kwargs: hop(*args, **kwargs)
+
+    for hop in (flex_attention, flex_attention_backward):
+        if _AnalyzeCustomOpInputOutputMode not in hop.python_key_table:
+            hop.py_impl(_AnalyzeCustomOpInputOutputMode)(unwatched(hop))
+
+
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
-                    dynamo_skips_torchneuron_frames)
+                    dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis)
 
 
 def apply() -> None:
@@ -284,4 +300,12 @@ def applied() -> dict:
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
+        "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
     }
+
+
+def _flex_attention_watched() -> bool:
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+    from torch._higher_order_ops.flex_attention import flex_attention
+
+    return _AnalyzeCustomOpInputOutputMode in flex_attention.python_key_table

@@ -36,11 +36,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
     if options:
         raise RuntimeError(f"backend 'neuron' takes no options, got {sorted(options)}")
     counters["dynamo_graphs"] += 1
-    if any(node.target in EAGER_HOPS for node in gm.graph.nodes):
-        # flex attention's dense implementation fails inside AOTAutograd's graphs (its HOP redispatches
-        # under a TorchFunctionMode there): such a graph runs op by op, as in eager
-        counters["eager_graphs"] += 1
-        return gm.forward
     return aot_module_simplified(
         gm,
         example_inputs,
@@ -61,6 +56,8 @@ def decompositions() -> dict:
 
 def supported(target) -> bool:
     """Whether a graph node's op runs inside a compiled program."""
+    if target in EAGER_HOPS:
+        return False
     if not isinstance(target, torch._ops.OpOverload):
         return True
     return rules.rule(target).compiles

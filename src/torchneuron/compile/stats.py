@@ -11,10 +11,8 @@ def report() -> dict:
     graphs: AOTAutograd graphs compiled (forward, backward or inference); specialisations: XLA programs
     built, one per input signature of a graph; recompiles: specialisations beyond a graph's first (new
     shapes); xla_compiles: programs the XLA compiler built; disk_cache_hits: programs loaded from disk;
-    eager_ops: ops without a lowering that ran eagerly between compiled pieces; eager_graphs: Dynamo graphs
-    run op by op because they hold flex attention (ops/flex_attention.py)."""
-    names = ("dynamo_graphs", "graphs", "specialisations", "recompiles", "xla_compiles", "disk_cache_hits",
-             "eager_graphs")
+    eager_ops: ops without a lowering that ran eagerly between compiled pieces."""
+    names = ("dynamo_graphs", "graphs", "specialisations", "recompiles", "xla_compiles", "disk_cache_hits")
     return {**{k: counters[k] for k in names}, "eager_ops": dict(eager_ops)}
 
 

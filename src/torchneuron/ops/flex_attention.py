@@ -6,7 +6,8 @@
 a higher-order op reaches a tensor subclass's kernel only through a rule registered for the subclass,
 so each is registered here for `NeuronTensor`. Every ATen op inside then runs through the lowering
 table like any other. Compiled graphs run these two ops the same way, between compiled pieces
-(they are in `EAGER_HOPS`): XLA gets the pieces around them.
+(`EAGER_HOPS`), so XLA gets the pieces around them (see also the compile patch
+`flex_attention_runs_under_aot_analysis`).
 """
 from torch._higher_order_ops.flex_attention import (
     flex_attention,
@@ -21,3 +22,4 @@ EAGER_HOPS = (flex_attention, flex_attention_backward)
 
 flex_attention.py_impl(NeuronTensor)(sdpa_dense)
 flex_attention_backward.py_impl(NeuronTensor)(sdpa_dense_backward)
+
