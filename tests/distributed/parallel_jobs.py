@@ -307,6 +307,7 @@ def job_checkpoint_on_one_rank(path):
     """The 2-rank checkpoint of checkpoint_round_trip loads into one unsharded process."""
     import torch.distributed.checkpoint as dcp
 
+    torch.ones(1, device=DEVICE)  # a single process may use its device before joining (TorchTitan does)
     init()
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
