@@ -134,6 +134,37 @@ def accelerator_api_routes_to_torch_neuron():
         route(name)
 
 
+@_patch
+def flex_attention_accepts_neuron() -> None:
+    """`flex_attention` refuses devices outside a fixed set (cuda, cpu, xpu, hpu, mps) before it runs
+    anything; on neuron its higher-order ops run PyTorch's dense implementation (ops/flex_attention.py)."""
+    module = importlib.import_module("torch.nn.attention.flex_attention")
+    original = module._validate_device
+
+    def _validate_device(query, key, value):
+        if query.device.type != "neuron":
+            original(query, key, value)
+
+    module._validate_device = _validate_device
+
+
+@_patch
+def inductor_hands_neuron_graphs_to_neuron() -> None:
+    """Inductor has no code generator for PrivateUse1 devices, so `torch.compile(fn)` with its default
+    backend (TorchTitan compiles flex_attention and create_block_mask that way) would fail on neuron
+    inputs: such graphs go to the `neuron` backend instead; Inductor's options do not apply to it."""
+    original = torch._TorchCompileInductorWrapper.__call__
+
+    def __call__(self, model, inputs):
+        # a graph may make its neuron tensors itself (create_block_mask takes no tensor)
+        values = torch.utils._pytree.tree_leaves([*inputs, *(n.meta.get("example_value") for n in model.graph.nodes)])
+        if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in values):
+            return torch._dynamo.lookup_backend("neuron")(model, inputs)
+        return original(self, model, inputs)
+
+    torch._TorchCompileInductorWrapper.__call__ = __call__
+
+
 # --- compile patches ---------------------------------------------------------------
 
 
@@ -225,8 +256,24 @@ def torch_profiler_sessions_reach_neuron() -> None:
     module.profile.export_chrome_trace = export_chrome_trace
 
 
+def flex_attention_runs_under_aot_analysis() -> None:
+    """AOTAutograd runs a compiled graph's first call under a dispatch mode that checks custom ops for
+    aliasing; a higher-order op needs a rule for every mode it meets, and flex attention's ops, which
+    run between compiled pieces on neuron (ops/flex_attention.py), have none for this one, which only
+    watches: they run as if it were not there."""
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+    from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
+
+    def unwatched(hop):
+        return lambda mode, *args, **kwargs: hop(*args, **kwargs)
+
+    for hop in (flex_attention, flex_attention_backward):
+        if _AnalyzeCustomOpInputOutputMode not in hop.python_key_table:
+            hop.py_impl(_AnalyzeCustomOpInputOutputMode)(unwatched(hop))
+
+
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
-                    dynamo_skips_torchneuron_frames)
+                    dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis)
 
 
 def apply() -> None:
@@ -237,6 +284,8 @@ def apply() -> None:
     tied_parameters_on_conversion()
     accelerator_api_routes_to_torch_neuron()
     torch_profiler_sessions_reach_neuron()
+    flex_attention_accepts_neuron()
+    inductor_hands_neuron_graphs_to_neuron()
     apply.done = True
 
 
@@ -257,4 +306,12 @@ def applied() -> dict:
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
+        "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
     }
+
+
+def _flex_attention_watched() -> bool:
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+    from torch._higher_order_ops.flex_attention import flex_attention
+
+    return _AnalyzeCustomOpInputOutputMode in flex_attention.python_key_table

@@ -30,8 +30,8 @@ DEVICE = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 EXACT = dict(rtol=1e-5, atol=1e-5)
 
 
-def init():
-    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=60))
+def init(seconds=60):
+    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=seconds))
     torch.neuron.set_device(DEVICE)
     # a thread that never chose a device (a data loader's, an optimizer's) works on this rank's own
     seen = []
@@ -383,6 +383,7 @@ def job_checkpoint_on_one_rank(path):
     """The 2-rank checkpoint of checkpoint_round_trip loads into one unsharded process."""
     import torch.distributed.checkpoint as dcp
 
+    torch.ones(1, device=DEVICE)  # a single process may use its device before joining (TorchTitan does)
     init()
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
@@ -412,6 +413,40 @@ def job_pipeline_checkpoint_compile(path):
     compiled_fsdp()
     print("passed compiled fsdp2", flush=True)
     dist.destroy_process_group()
+
+
+def job_fsdp_rank_dies(path):
+    """FSDP2 training checkpoints after its first step; in the third, rank 1 dies between forward and
+    backward, while rank 0 enters the backward's reduce-scatter. Rank 0 must fail, not wait forever."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    init(seconds=10)
+    model = mlp().to(DEVICE)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        x, _ = batch(step)
+        loss = model(mine(x)).square().mean()
+        if step == 2 and RANK == 1:
+            os._exit(3)
+        start = time.perf_counter()
+        try:
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch.neuron.synchronize()
+        except Exception as error:
+            print(f"rank {RANK} failed after {time.perf_counter() - start:.1f}s: {type(error).__name__}: {error}",
+                  flush=True)
+            raise
+        if step == 0:
+            dcp.save({"model": model.state_dict()}, checkpoint_id=path)
+            full = {name: value.full_tensor().cpu() for name, value in model.state_dict().items()}
+            if RANK == 0:
+                torch.save(full, os.path.join(path, "reference.pt"))
+    print(f"rank {RANK} unexpectedly completed", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """PyTorch's parallelism APIs on `neuron` across 2 processes (parallel_jobs.py; each job runs both ranks
 under a hard timeout), each compared with one process computing the same thing on the CPU."""
+import re
 from pathlib import Path
 
 from . import launch
@@ -32,3 +33,17 @@ def test_p2p_matches_by_peer_tag_and_order_and_interleaved_1f1b_runs():
     out of order, a receive into a strided view, and ScheduleInterleaved1F1B (two stages per rank)
     against one process on the CPU."""
     launch.check(launch.run("p2p_order", timeout=120, jobs=JOBS))
+
+
+def test_a_rank_dying_mid_fsdp2_step_fails_the_other_and_leaves_the_checkpoint_loadable(tmp_path):
+    """Rank 1 exits between forward and backward of the third step: rank 0, in the backward's
+    reduce-scatter, fails with the runtime's error well before the test's timeout; the checkpoint saved
+    after the first step then loads into one process."""
+    path = str(tmp_path / "checkpoint")
+    results = launch.run("fsdp_rank_dies", path, timeout=150, jobs=JOBS)
+    assert all("TIMED OUT" not in out for _, out in results), results
+    assert [code for code, _ in results] != [0, 0] and results[1][0] == 3, results
+    survivor = results[0][1]
+    assert results[0][0] != 0, survivor[-3000:]
+    assert re.search(r"DistBackendError|detected fatal errors|Gloo .* failed|heartbeat", survivor), survivor[-3000:]
+    launch.check(launch.run("checkpoint_on_one_rank", path, world=1, timeout=120, jobs=JOBS))

@@ -23,6 +23,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ops import collectives, registry, rules
+from ..ops.flex_attention import EAGER_HOPS
 from .executable import CompiledGraph
 from .stats import counters, eager_ops
 
@@ -56,6 +57,8 @@ def decompositions() -> dict:
 def supported(target, with_collectives: bool = False) -> bool:
     """Whether a graph node's op runs inside a compiled program (collectives: in a graph whose
     collectives share one process group, see ops.collectives)."""
+    if target in EAGER_HOPS:
+        return False
     if not isinstance(target, torch._ops.OpOverload):
         return True
     op = rules.rule(target)

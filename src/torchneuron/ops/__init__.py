@@ -6,9 +6,11 @@ torch.compile all read the same table through `rules.rule(op)`.
 from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     attention,
+    checks,
     elementwise,
     factories,
     fft,
+    flex_attention,
     float8,
     indexing,
     linalg,

@@ -12,6 +12,9 @@ so the error points at the op that failed.
 import contextlib
 
 import jax.numpy as jnp
+import torch
+
+from .registry import lower
 
 _collectors = []
 
@@ -46,3 +49,10 @@ def index_in_range(index, size: int, error_type=IndexError, message="index out o
     """`index` addresses one of `size` elements; counted from the end too where the op allows `negative`."""
     low = -size if negative else 0
     require((index >= low) & (index < size), error_type, message, culprit=index)
+
+
+@lower(torch.ops.aten._assert_async)
+def _assert_async(x, assert_msg="Expected Tensor with single nonzero value, but got zero"):
+    """TorchTitan's rotary embedding asserts on device values with this; like CUDA, no op waits for it."""
+    require(x != 0, RuntimeError, assert_msg)
+    return ()

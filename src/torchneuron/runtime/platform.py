@@ -67,7 +67,12 @@ def join(coordinator: str, count: int, index: int, local_rank: int, local_count:
                 f"{joined.count}; it cannot become rank {index} of {count} (one runtime per process)"
             )
         return joined
-    if devices.cache_info().currsize or xla_bridge.backends_are_initialized():
+    started = devices.cache_info().currsize or xla_bridge.backends_are_initialized()
+    if started and count == 1:
+        # one process has no peers to join: its runtime serves as it is (TorchTitan makes tensors first)
+        joined = wanted
+        return joined
+    if started:
         raise RuntimeError(
             "neuron: the device runtime started before this process joined the others: call "
             "dist.init_process_group before making neuron tensors (or launch with torchrun, which "
