@@ -1,0 +1,43 @@
+"""The small GPT training step (bench/models.py `gpt`: d256, 4 layers, T128, B8, AdamW) in one run:
+PyTorch CPU eager against neuron compiled, adaptive eager and eager, min of 6 steps after 3 warm-up steps.
+
+    python -m bench.gpt_step
+
+Run it on an otherwise idle machine.
+"""
+import time
+
+import torch
+
+import torchneuron  # noqa: F401
+
+from .models import _step_fns, gpt
+
+CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "adaptive"), ("neuron", "eager")]
+
+
+def best_ms(train, steps: int = 6) -> float:
+    for _ in range(3):
+        train()
+    torch.neuron.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        train()
+        torch.neuron.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def main() -> None:
+    results = {}
+    print("| step | ms | vs CPU eager |\n|---|---:|---:|")
+    for device, mode in CONFIGS:
+        with torch.neuron.adaptive_eager(mode == "adaptive"):
+            train, _, _ = _step_fns(lambda: gpt(False), device, mode)
+            results[device, mode] = ms = best_ms(train)
+        print(f"| {device} {mode} | {ms:.1f} | {ms / results['cpu', 'eager']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
