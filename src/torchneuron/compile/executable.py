@@ -203,8 +203,7 @@ class _Program:
             jitted = self.program.jit(self.device_index)
             try:
                 return jax.export.export(jitted)(*avals), (array_outputs, constants)
-            except Exception:  # a program export cannot express: traced, compiled and run, but not stored
-                jitted.trace(*avals)
+            except Exception:  # a program export cannot express: compiled (and traced) below, not stored
                 return None, (array_outputs, constants)
 
         path = disk_cache.path_for(gm, signature, self.device_index)
