@@ -104,7 +104,9 @@ def _forward_backward(model, x):
 
 
 @pytest.mark.parametrize("mode", ["eager", "adaptive", "compile"])
-def test_custom_op_lowering_trains_as_on_the_cpu(mode):
+def test_custom_op_lowering_trains_as_on_the_cpu(mode, tmp_path, monkeypatch):
+    # a fresh graph cache: a graph cached by an earlier run on this machine would not trace the lowering
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     cpu_model, x = Clipped(), torch.randn(4, 8) * 3
     model = Clipped().to("neuron")
