@@ -1,6 +1,18 @@
 """Test-suite configuration, and the one list of tests expected to fail, each with its reason."""
-import pytest
-import torch
+import atexit
+import os
+import shutil
+import tempfile
+
+# A fresh on-disk cache per run: graphs and executables cached by an earlier run on this machine would skip
+# the tracing and compiling that tests count, and would hide a cache that no longer loads. Set before torch
+# is imported, since `import torch` autoloads torchneuron.
+if "TORCHNEURON_CACHE_DIR" not in os.environ:
+    os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-tests-")
+    atexit.register(shutil.rmtree, os.environ["TORCHNEURON_CACHE_DIR"], True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import torchneuron  # noqa: F401  (also autoloaded by `import torch`; importing keeps tests explicit)
 
