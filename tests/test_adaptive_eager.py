@@ -158,8 +158,10 @@ def test_synchronize_runs_the_queue(queued):
 
 
 def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):
-    """Iterations are cut where forward returns and after optimizer.step, so a loop that never reads a
-    value replays the same fused programs instead of compiling a new one per queue."""
+    """Training iterations are cut where the recording thread changes (backward runs on the autograd
+    engine's thread) and after optimizer.step; a loop that neither reads a value nor steps is cut where its
+    queue starts over. Either way the loop replays the same fused programs instead of compiling a new one
+    per queue."""
     monkeypatch.setattr(adaptive.queue, "limit", 37)  # not a divisor of a step's op count
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
@@ -176,13 +178,13 @@ def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):
             model(x)
 
     for step in (train, infer):
-        for _ in range(3):  # the first runs compile op by op, then the queues' structures settle
+        for _ in range(12):  # the first runs compile op by op, then the queues' structures settle
             step()
         before = adaptive.fused_cache.stats()
-        for _ in range(6):
+        for _ in range(24):
             step()
         misses, hits = (adaptive.fused_cache.stats()[k] - before[k] for k in ("misses", "hits"))
-        assert misses == 0 and hits >= 6, (step.__name__, misses, hits)
+        assert misses == 0 and hits >= 3, (step.__name__, misses, hits)
 
 
 def test_a_failing_fused_program_is_replayed_op_by_op(queued, monkeypatch):

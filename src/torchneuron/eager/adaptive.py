@@ -5,9 +5,10 @@ compile are known good) is recorded instead of run: its outputs become
 `Pending` buffers of new storages, and its inputs are either buffers that exist
 (the queue's external inputs) or values an earlier queued op produces. Reading
 a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
-fallback, `torch.neuron.synchronize()`), an op that donates buffers, or the
-queue reaching its limit runs the queue: the queued programs are traced into
-one function, keyed by the queue's structure, so the second iteration of a
+fallback, `torch.neuron.synchronize()`), an op that donates buffers, a loop
+boundary (the recording thread changing, an optimizer step, the queue starting
+over) or the queue reaching its limit runs the queue: the queued programs are
+traced into one function, keyed by the queue's structure, so the second iteration of a
 loop replays a cached fused executable. Only values some live storage still
 holds are returned; XLA drops the rest. Op order, random numbers and errors
 are those of op-by-op eager (each op traces the same program; meta errors are
@@ -57,14 +58,16 @@ class Queue:
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
+        self.thread = None
 
     def record(self, executable, storages, extras) -> list:
         """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, a random
         key); returns a Pending for each of its results."""
         with self.lock:
-            if self.device_index != executable.device_index:
+            thread = threading.get_ident()
+            if self.device_index != executable.device_index or self.thread != thread or self._repeats(executable):
                 self.flush()
-                self.device_index = executable.device_index
+                self.device_index, self.thread = executable.device_index, thread
             args = []
             known = self.external_index
             for p in executable.argument_storages:
@@ -90,6 +93,11 @@ class Queue:
             if len(self.ops) >= self.limit:
                 self.flush()
             return pendings
+
+    def _repeats(self, executable) -> bool:
+        """The queue, past half its limit, is about to record its first op again: cut it here, so that a
+        loop which never reads a value (nor steps an optimizer) is cut at the same op in every iteration."""
+        return len(self.ops) >= self.limit // 2 and executable is self.ops[0][0]
 
     def _new_external(self, value) -> int:
         self.externals.append(value)
@@ -157,51 +165,33 @@ def _replay(ops, n_values, external_values, externals, kept):
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
-# torch < 2.13 lacks it: its compiled graphs break at the hooks, which is slower but correct
+# torch < 2.13 lacks it: its compiled graphs break at the hook, which is slower but correct
 _traceable_by_dynamo = getattr(torch._dynamo, "dont_skip_tracing", lambda fn: fn)
 
 
 class _LoopBoundaries:
-    """Runs the queue where a training or inference loop's iterations divide: when the outermost module's
-    forward returns and after each optimizer step. Queues cut only by the op limit would start at a
-    different op in each iteration, and each new structure is a new compile; cut here, iterations
-    replay the same few fused executables. The hooks are installed only while adaptive eager is on
-    (any global module hook makes every module call take PyTorch's slower path)."""
+    """Runs the queue after each optimizer step. With the cut the queue makes where the recording thread
+    changes (forward on the caller's thread, backward on the autograd engine's device thread), a training
+    step's queues start at the same ops in every iteration, and iterations replay the same few fused
+    executables; queues cut only by the op limit would start at a different op in each iteration, and each
+    new structure is a new compile. No module hooks: any global module hook makes every module call take
+    PyTorch's slower path and `torch.compile(module)` warn."""
 
     def __init__(self):
-        self.depth = 0
-        self.handles = []
+        self.handle = None
 
     def install(self):
-        if not self.handles:
-            self.depth = 0
-            self.handles = [
-                torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
-                torch.nn.modules.module.register_module_forward_hook(self._exit, always_call=True),
-                register_optimizer_step_post_hook(self._after_step),
-            ]
+        if self.handle is None:
+            self.handle = register_optimizer_step_post_hook(self._after_step)
 
     def remove(self):
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
-    # torch.compile traces global hooks into its graphs (Dynamo skips torchneuron's frames, so these are
-    # marked traceable, or each would break the graph): there they do nothing. Around a compiled module
-    # they run eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
-
-    @_traceable_by_dynamo
-    def _enter(self, module, args):
-        if not torch.compiler.is_compiling():
-            self.depth += 1
-
-    @_traceable_by_dynamo
-    def _exit(self, module, args, output):
-        if not torch.compiler.is_compiling():
-            self.depth -= 1
-            if self.depth == 0:
-                _flush_outside_dynamo()
-
+    # torch.compile traces global hooks into its graphs (Dynamo skips torchneuron's frames, so this is
+    # marked traceable, or it would break the graph): there it does nothing. Around a compiled optimizer it
+    # runs eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
     @_traceable_by_dynamo
     def _after_step(self, optimizer, args, kwargs):
         if not torch.compiler.is_compiling():
