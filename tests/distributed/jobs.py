@@ -460,7 +460,8 @@ def check_adaptive_eager():
         assert adaptive.stats()["queued"] == 0, "the queue runs before the collective reads its input"
         return (y - 3) * 0.5
 
-    eager = step().cpu()  # every op's executable runs once: adaptive eager queues only known-good ops
+    with torch.neuron.adaptive_eager(False):
+        eager = step().cpu()  # every op's executable runs once: adaptive eager queues only known-good ops
     with torch.neuron.adaptive_eager():
         flushes = adaptive.stats()["flushes"]
         fused = step()
