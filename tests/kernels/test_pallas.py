@@ -74,7 +74,7 @@ def test_simulator_jax_and_pallas_lowerings_agree(case):
     simulated = _tuple(launch.simulate(*args))
     by_jax, by_pallas = (_tuple(lowered(launch, args, choice)) for choice in ("jax", "pallas"))
     for s, j, p in zip(simulated, by_jax, by_pallas):
-        scale = max(1.0, float(np.abs(np.asarray(s, np.float32)).max()))
+        scale = float(np.abs(np.asarray(s, np.float32)).max(initial=1.0))
         np.testing.assert_allclose(np.asarray(p, np.float32), np.asarray(s, np.float32), rtol=2e-4, atol=2e-5 * scale)
         np.testing.assert_allclose(np.asarray(p, np.float32), np.asarray(j, np.float32), rtol=2e-4, atol=2e-5 * scale)
 
