@@ -86,9 +86,9 @@ class Lowering(Interpreter):
         self.open.append(loop)
         yield Index(self.program_values[axis], ((axis, 1, n),), 0, 0, n - 1)
         self.open.remove(loop)
-        for memory, before in loop.before.items():
-            added = memory.data - before
-            memory.data = before + (added if self.affine is None else lax.psum(added, _axis_name(axis)))
+        if self.affine is not None:
+            for memory, before in loop.before.items():
+                memory.data = before + lax.psum(memory.data - before, _axis_name(axis))
 
     def load(self, view, mask, other):
         data = view.tensor.data
@@ -138,16 +138,24 @@ def run(kernel, grid, arguments):
     if plan["met"]:
         plan, records = _trace(kernel, grid, arguments, plan["met"])
     outputs = [jnp.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
-    full = grid + tuple(plan["met"])
     for (at, view, inside), record in zip(plan["stores"], records):
-        # a store outside a loop is the same in each of its iterations: keep the first
-        axes = [n if a < len(grid) or a in inside else 1 for a, n in enumerate(full)]
-        kept = [slice(None) if n > 1 or a < len(grid) else slice(0, 1) for a, n in enumerate(axes)]
-        starts, value, mask = (None if r is None else r.reshape(full + r.shape[1 + len(plan["met"]):])[
-            tuple(kept)].reshape((-1,) + r.shape[1 + len(plan["met"]):]) for r in record)
-        outputs[at] = _apply(outputs[at], view, starts, value, mask, tuple(axes))
+        (starts, value, mask), axes = _programs(record, grid, plan["met"], inside)
+        outputs[at] = _apply(outputs[at], view, starts, value, mask, axes)
     picked = [outputs[i] for i in plan["returned"]]
     return picked[0] if plan["returned"].single else tuple(picked)
+
+
+def _programs(record, grid, trips, inside):
+    """A store's records [G, *trips, ...] as [programs, ...] over the grid and the loops the store is inside,
+    and that grid (a store outside a loop is the same in each of its iterations: the first is kept)."""
+    full = grid + tuple(trips)
+    axes = tuple(n if a < len(grid) or a in inside else 1 for a, n in enumerate(full))
+    kept = tuple(slice(None) if n == m else slice(0, 1) for n, m in zip(axes, full))
+
+    def pick(r):
+        rest = r.shape[1 + len(trips):]
+        return r.reshape(full + rest)[kept].reshape((-1,) + rest)
+    return [None if r is None else pick(r) for r in record], axes
 
 
 def _trace(kernel, grid, arguments, loops):
