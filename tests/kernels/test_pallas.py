@@ -131,8 +131,10 @@ def test_the_choice_follows_platform_context_and_environment(monkeypatch):
     monkeypatch.setenv(LOWERING_ENV, "triton")
     with pytest.raises(ValueError, match="TORCHNEURON_KERNEL_LOWERING"):
         traced()
-    with pytest.raises(ValueError, match="one of auto, jax, pallas"):
+    with pytest.raises(ValueError, match="one of auto, jax, pallas, got 'xla' .from use_lowering"):
         nk.use_lowering("xla")
+    with pytest.raises(ValueError, match="from custom_op.lowering=."):
+        nk.custom_op("test_pallas::never", scaled_rows, lowering="triton")
 
 
 @nk.kernel

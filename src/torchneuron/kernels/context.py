@@ -68,13 +68,17 @@ LOWERING_ENV = "TORCHNEURON_KERNEL_LOWERING"
 LOWERINGS = ("auto", "jax", "pallas")
 
 
-def lowering_choice() -> str:
-    """The lowering launches use: the innermost `use_lowering`, else $TORCHNEURON_KERNEL_LOWERING, else auto."""
-    choice = getattr(_local, "lowering", None) or os.environ.get(LOWERING_ENV, "auto").lower()
+def checked_lowering(choice: str, source: str) -> str:
     if choice not in LOWERINGS:
         raise ValueError(f"torchneuron.kernels: the lowering is one of {', '.join(LOWERINGS)}, got {choice!r} "
-                         f"(from use_lowering or ${LOWERING_ENV})")
+                         f"(from {source})")
     return choice
+
+
+def lowering_choice() -> str:
+    """The lowering launches use: the innermost `use_lowering`, else $TORCHNEURON_KERNEL_LOWERING, else auto."""
+    choice = getattr(_local, "lowering", None)
+    return choice or checked_lowering(os.environ.get(LOWERING_ENV, "auto").lower(), f"${LOWERING_ENV}")
 
 
 class use_lowering:
@@ -85,8 +89,7 @@ class use_lowering:
     the lowering it was traced with."""
 
     def __init__(self, choice: str):
-        if choice not in LOWERINGS:
-            raise ValueError(f"use_lowering: the lowering is one of {', '.join(LOWERINGS)}, got {choice!r}")
+        checked_lowering(choice, "use_lowering")
         self.previous = getattr(_local, "lowering", None)
         _local.lowering = choice
 

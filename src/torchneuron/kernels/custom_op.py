@@ -9,7 +9,7 @@ import torch
 
 from .. import library
 from ..runtime.dtypes import numpy_to_tensor, tensor_to_numpy, to_jax, to_torch
-from .context import lowering_choice, use_lowering
+from .context import checked_lowering, lowering_choice, use_lowering
 from .kernel import Kernel
 
 
@@ -26,6 +26,8 @@ def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_gri
     """
     if not isinstance(kernel, Kernel):
         raise TypeError(f"custom_op() wraps a @kernel, got {kernel!r}")
+    if lowering is not None:
+        checked_lowering(lowering, "custom_op(lowering=)")
     signature = kernel.signature
     launch = functools.partial(_launch, kernel, grid, lowering)
 
