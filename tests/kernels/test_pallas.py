@@ -114,7 +114,10 @@ def test_the_choice_follows_platform_context_and_environment(monkeypatch):
     launch, *args = CASES["norm (layer norm + residual)"]()
     monkeypatch.delenv(LOWERING_ENV, raising=False)
     assert "pallas_call" not in _jaxpr(launch, args, "auto")  # XLA:CPU: the JAX lowering
-    assert "pallas_call" in _jaxpr(launch, args, "pallas")
+    pallas = _jaxpr(launch, args, "pallas")
+    assert "pallas_call" in pallas
+    # x and the outputs are blocks of 128 rows picked by the program id (BlockSpecs; whole, x is 256 padded)
+    assert "Blocked(block_size=128)" in pallas and "Blocked(block_size=256)" not in pallas
     monkeypatch.setattr(platform, "pallas_pays", lambda: True)  # as on a GPU (traced, not compiled, here)
     assert "pallas_call" in _jaxpr(launch, args, "auto")
     rope_args = (randn(1, 1, 128, 64), randn(1, 128, 64), randn(1, 128, 64), False)

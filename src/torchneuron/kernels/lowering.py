@@ -243,20 +243,31 @@ def _returned(kernel, returned, outputs):
     return picked
 
 
-def _tiling(view, grid):
-    """Per dimension the grid axis whose programs tile it (start = program id * size) or None (one window
-    from 0 covers it), when a store's windows tile the output that way; else None."""
+def block_axes(view):
+    """Per dimension the axis (of the grid or a loop) whose index times the window's size is the window's
+    start, or None where the window starts at 0 and spans the dimension: the window is the block of a
+    blocked layout that this index picks; None if it is not such a block."""
     axes = []
     for start, size, extent in zip(view.starts, view.sizes, view.tensor.shape):
         if isinstance(start, int):
             if start != 0 or size < extent:
                 return None
             axes.append(None)
-        elif start.terms is not None and start.const == 0 and len(start.terms) == 1 and \
-                start.terms[0][1] == size and start.terms[0][2] * size >= extent:
+        elif isinstance(start, Index) and start.terms is not None and start.const == 0 and \
+                len(start.terms) == 1 and start.terms[0][1] == size:
             axes.append(start.terms[0][0])
         else:
             return None
+    return axes
+
+
+def _tiling(view, grid):
+    """Per dimension the grid axis whose programs tile it (start = program id * size) or None (one window
+    from 0 covers it), when a store's windows tile the output that way; else None."""
+    axes = block_axes(view)
+    if axes is None or any(a is not None and (not isinstance(a, int) or grid[a] * size < extent)
+                           for a, size, extent in zip(axes, view.sizes, view.tensor.shape)):
+        return None
     used = [a for a in axes if a is not None]
     if len(set(used)) != len(used) or any(n > 1 and a not in used for a, n in enumerate(grid)):
         return None

@@ -15,7 +15,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from .context import Active
 from .language import HBMTensor
-from .lowering import Lowering, _pads, _returned, _starts
+from .lowering import Lowering, _pads, _returned, _starts, block_axes
 
 MIN_DOT = 16  # Triton's tl.dot takes operands of at least 16 x 16
 
@@ -26,15 +26,21 @@ def _unsupported(kernel_name, what):
 
 
 class _Planner(Lowering):
-    """One program traced abstractly: the outputs, and per HBM tensor the padding its windows need."""
+    """One program traced abstractly: the outputs, per HBM tensor the padding its windows need, and the
+    tensors whose every window is one block picked by program ids (they get a BlockSpec)."""
 
     def __init__(self, kernel_name, grid, program_values):
         super().__init__(kernel_name, grid, program_values)
-        self.reach = {}
+        self.reach, self.blocks = {}, {}
 
     def _reach(self, view):
-        wanted = self.reach.get(view.tensor.name, ((0, 0),) * view.tensor.ndim)
-        self.reach[view.tensor.name] = tuple((max(a, c), max(b, d)) for (a, b), (c, d) in zip(wanted, _pads(view)))
+        name = view.tensor.name
+        wanted = self.reach.get(name, ((0, 0),) * view.tensor.ndim)
+        self.reach[name] = tuple((max(a, c), max(b, d)) for (a, b), (c, d) in zip(wanted, _pads(view)))
+        axes = block_axes(view)
+        grid_axes = axes is not None and all(a is None or isinstance(a, int) and a < len(self.grid) for a in axes)
+        block = (tuple(axes), tuple(view.sizes)) if grid_axes else None
+        self.blocks[name] = block if self.blocks.get(name, block) == block else None
 
     def load(self, view, mask, other):
         self._reach(view)
@@ -46,9 +52,9 @@ class _Planner(Lowering):
 
 
 class PallasLowering(Lowering):
-    def __init__(self, kernel_name, grid, program_values, reach, outputs):
+    def __init__(self, kernel_name, grid, program_values, reach, blocked, outputs):
         super().__init__(kernel_name, grid, program_values)
-        self.reach, self.out_refs = reach, outputs
+        self.reach, self.blocked, self.out_refs = reach, blocked, outputs
 
     def loop(self, kind, n):
         return range(n)  # unrolled: a kernel body is straight-line code around nk.fori loops
@@ -78,6 +84,8 @@ class PallasLowering(Lowering):
         return tensor
 
     def _window(self, view):
+        if view.tensor.name in self.blocked:
+            return view.tensor.data  # the block its BlockSpec gave this program
         pads = self.reach.get(view.tensor.name, ((0, 0),) * view.tensor.ndim)
         return view.tensor.data.at[tuple(pl.ds(jnp.asarray(s, jnp.int32), n) for s, n in zip(_starts(view, pads), view.sizes))]
 
@@ -119,14 +127,16 @@ def run(kernel, grid, arguments, *, interpret):
         for name, ref in zip(scalars, refs[len(tensors):]):
             bound[name] = ref[0]
         out_refs = dict(zip(sized, refs[len(inputs):]))
-        ctx = PallasLowering(kernel.name, grid, [pl.program_id(a) for a in range(len(grid))], reach,
+        ctx = PallasLowering(kernel.name, grid, [pl.program_id(a) for a in range(len(grid))], reach, blocks,
                              [out_refs.get(k) for k in range(len(names))])
         with Active(ctx):
             kernel.fn(**bound)
 
+    blocks = plan["blocks"]
     results = pl.pallas_call(
         body, out_shape=[jax.ShapeDtypeStruct(padded[names[k]], plan["outputs"][k][1]) for k in sized],
-        grid=grid, interpret=interpret, name=kernel.name,
+        grid=grid, in_specs=[_spec(blocks.get(n)) for n in tensors] + [_spec(None)] * len(scalars),
+        out_specs=[_spec(blocks.get(names[k])) for k in sized], interpret=interpret, name=kernel.name,
         compiler_params=None if interpret else plgpu.CompilerParams())(*inputs)
     outputs = [jnp.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
     for k, result in zip(sized, results):
@@ -134,6 +144,15 @@ def run(kernel, grid, arguments, *, interpret):
         outputs[k] = result[tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, plan["outputs"][k][0]))]
     picked = [outputs[i] for i in plan["returned"]]
     return picked[0] if plan["returned"].single else tuple(picked)
+
+
+def _spec(block):
+    """A blocked tensor's BlockSpec (block indices: program ids, 0 where the block spans the dimension); the
+    whole array for the others."""
+    if block is None:
+        return pl.no_block_spec
+    axes, sizes = block
+    return pl.BlockSpec(sizes, lambda *pids: tuple(0 if a is None else pids[a] for a in axes))
 
 
 def _grown(shape, pads):
@@ -148,7 +167,8 @@ def _plan(kernel, grid, arguments):
         with Active(ctx):
             returned = kernel.fn(**arguments)
         found.update(outputs=[(t.shape, t.dtype) for t in ctx.outputs], returned=_returned(kernel, returned, ctx.outputs),
-                     reach={name: pads for name, pads in ctx.reach.items() if any(p != (0, 0) for p in pads)})
+                     reach={name: pads for name, pads in ctx.reach.items() if any(p != (0, 0) for p in pads)},
+                     blocks={name: block for name, block in ctx.blocks.items() if block is not None})
 
     jax.eval_shape(trace, [jax.ShapeDtypeStruct((), jnp.int32) for _ in grid])
     return found
