@@ -11,7 +11,7 @@ import torch
 
 import torchneuron.kernels as nk
 from torchneuron.kernels.context import LOWERING_ENV
-from torchneuron.kernels.lib import adamw, attention, mlp, moe, norms, rotary
+from torchneuron.kernels.lib import adamw, attention, cross_entropy, mlp, moe, norms, rotary
 from torchneuron.runtime import platform
 
 tiled = sys.modules["torchneuron.kernels.lib.matmul"]  # the package's `matmul` is the function
@@ -56,6 +56,9 @@ CASES = {
         randn(1, 2, 130, 1) + 3, 0.25, True, -1, -1, False, 0.0),
     "attention dropout mask": lambda: (attention.dropout_keep_kernel[1, 2, 2], np.array([5], np.int32),
                                        randn(1, 2, 130, 16), randn(1, 1, 300, 16), 0.3),
+    "rope": lambda: (rotary.rope_kernel[2, 2, 2], randn(2, 2, 130, 64), randn(1, 130, 64), randn(1, 130, 64), False),
+    "rope backward": lambda: (rotary.rope_kernel[2, 2, 2], randn(2, 2, 130, 64), randn(2, 130, 64),
+                              randn(2, 130, 64), True),
     "adamw": lambda: (adamw.adamw_kernel[2], randn(200, 512), randn(200, 512), randn(200, 512),
                       np.abs(randn(200, 512)), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.1, 0.03),
     "swiglu forward": lambda: (mlp.swiglu_forward[1], randn(100, 128), randn(128, 256) / 10, randn(128, 256) / 10,
@@ -97,7 +100,7 @@ def ragged_tile(x):
 
 
 @pytest.mark.parametrize("launch, args, construct", [
-    (rotary.rope_kernel[1, 1, 1], (randn(1, 1, 128, 64), randn(1, 128, 64), randn(1, 128, 64), False),
+    (cross_entropy.linear_cross_entropy_forward[1], (randn(128, 64), randn(512, 64), np.zeros(128, np.int32)),
      "a write to part of a tile"),
     (moe.gather_rows_kernel[1], (randn(50, 32), np.arange(128, dtype=np.int32) % 50, randn(128)), "an indirect load"),
     (norms.norm_backward[1], (randn(128, 64), randn(64), randn(128, 1), randn(128, 1), randn(128, 64), True),
@@ -120,8 +123,8 @@ def test_the_choice_follows_platform_context_and_environment(monkeypatch):
     assert "Blocked(block_size=128)" in pallas and "Blocked(block_size=256)" not in pallas
     monkeypatch.setattr(platform, "pallas_pays", lambda: True)  # as on a GPU (traced, not compiled, here)
     assert "pallas_call" in _jaxpr(launch, args, "auto")
-    rope_args = (randn(1, 1, 128, 64), randn(1, 128, 64), randn(1, 128, 64), False)
-    assert "pallas_call" not in _jaxpr(rotary.rope_kernel[1, 1, 1], rope_args, "auto")  # falls back to JAX
+    ce_args = (randn(128, 64), randn(512, 64), np.zeros(128, np.int32))
+    assert "pallas_call" not in _jaxpr(cross_entropy.linear_cross_entropy_forward[1], ce_args, "auto")  # JAX
     monkeypatch.setattr(platform, "pallas_pays", lambda: False)
     monkeypatch.setenv(LOWERING_ENV, "pallas")
     arrays = [jnp.asarray(a) for a in args if isinstance(a, np.ndarray)]
