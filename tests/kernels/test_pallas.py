@@ -153,8 +153,8 @@ def scaled_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-scaled_rows_op = nk.custom_op("test_pallas::scaled_rows", scaled_rows, grid=lambda x, scale: ((x.shape[0] + 127) // 128,),
-                              lowering="pallas")
+scaled_rows_op = nk.custom_op("test_pallas::scaled_rows", scaled_rows,
+                              grid=lambda x, scale: ((x.shape[0] + 127) // 128,), lowering="pallas")
 
 
 def test_a_custom_op_fixes_its_lowering_on_cpu_and_neuron_tensors():

@@ -1,6 +1,8 @@
 """The Pallas lowering: the kernel becomes one `pallas_call` whose grid is the launch's grid (program ids
-are `pl.program_id`), its HBM tensors whole-array refs, its loads and stores masked ref accesses of their
-windows (Triton's masked pointer loads on a GPU), and its tiles the values in between.
+are `pl.program_id`), its HBM tensors refs (a BlockSpec's block where every window of the tensor is the
+block the program ids pick, else the whole array), its loads and stores masked ref accesses of their
+windows (Triton's masked pointer loads on a GPU), and its tiles the values in between. Output elements
+that no program stores are undefined (zero in the simulator and the JAX lowering).
 
 A first abstract trace by the JAX lowering finds the outputs (a pallas_call declares them up front) and
 how far each window can leave its tensor: such tensors are padded so that every window is in bounds on
@@ -86,8 +88,8 @@ class PallasLowering(Lowering):
     def _window(self, view):
         if view.tensor.name in self.blocked:
             return view.tensor.data  # the block its BlockSpec gave this program
-        pads = self.reach.get(view.tensor.name, ((0, 0),) * view.tensor.ndim)
-        return view.tensor.data.at[tuple(pl.ds(jnp.asarray(s, jnp.int32), n) for s, n in zip(_starts(view, pads), view.sizes))]
+        starts = _starts(view, self.reach.get(view.tensor.name, ((0, 0),) * view.tensor.ndim))
+        return view.tensor.data.at[tuple(pl.ds(jnp.asarray(s, jnp.int32), n) for s, n in zip(starts, view.sizes))]
 
     def load(self, view, mask, other):
         if view.indirect:
@@ -166,7 +168,8 @@ def _plan(kernel, grid, arguments):
         ctx = _Planner(kernel.name, grid, list(values))
         with Active(ctx):
             returned = kernel.fn(**arguments)
-        found.update(outputs=[(t.shape, t.dtype) for t in ctx.outputs], returned=_returned(kernel, returned, ctx.outputs),
+        found.update(outputs=[(t.shape, t.dtype) for t in ctx.outputs],
+                     returned=_returned(kernel, returned, ctx.outputs),
                      reach={name: pads for name, pads in ctx.reach.items() if any(p != (0, 0) for p in pads)},
                      blocks={name: block for name, block in ctx.blocks.items() if block is not None})
 
