@@ -2,12 +2,16 @@
 
     python -m bench.kernels                         # XLA:CPU (here)
     python -m bench.kernels --platform cuda         # on a machine with an NVIDIA GPU (XLA:GPU)
+    python -m bench.kernels --platform cuda --lowering pallas   # the kernels through Pallas (Triton)
     python -m bench.kernels --smoke                 # tiny shapes: checks that every case runs
+    python -m bench.kernels --smoke --lowering pallas --case rms_norm   # Pallas' interpreter, on the CPU
 
 Each case runs forward and backward (paged decode and AdamW: the step alone) on the neuron device, once
 with the library kernel and once with the eager composition, in eager mode; memory is
-torch.neuron.max_memory_allocated over one call, inputs included. Writes a markdown table to stdout and,
-with --out, JSON.
+torch.neuron.max_memory_allocated over one call, inputs included. `--lowering` picks how the kernels
+lower (docs/kernels.md): with `pallas`, a case with a kernel Pallas does not lower runs with `auto`
+instead (Pallas for the kernels it lowers on a GPU, the JAX lowering elsewhere), and its row says so.
+Writes a markdown table to stdout and, with --out, JSON.
 """
 import argparse
 import json
@@ -116,14 +120,24 @@ def cases(size):
     yield "paged decode", lib.paged_attention_decode, eager_decode, (qd, kc, vc, table, lens)
 
 
-def run(size, repeats):
+def run(size, repeats, lowering="auto", only=()):
     import torch
+
+    from torchneuron.kernels.context import LOWERING_ENV
 
     from .timing import measure
 
     rows = []
     for name, kernel, eager, args in cases(size):
-        row = {"case": name}
+        if only and name not in only:
+            continue
+        row = {"case": name, "lowering": lowering}
+        os.environ[LOWERING_ENV] = lowering  # read where the ops are traced, whichever thread traces them
+        try:
+            kernel(*args)
+        except NotImplementedError as e:
+            row["lowering"], row["fallback"] = "auto", str(e)
+            os.environ[LOWERING_ENV] = "auto"
         for label, fn in (("kernel", kernel), ("eager", eager)):
             call = (lambda fn=fn: fn(*args))
             call()  # compile
@@ -135,8 +149,8 @@ def run(size, repeats):
             row[f"{label} peak MiB"] = (torch.neuron.max_memory_allocated() - base) / 2 ** 20
             row[f"{label} ms"] = measure(call, "neuron", inner=1, repeats=repeats, warmup=1)["median"] * 1e3
         rows.append(row)
-        print(f"| {name} | {row['kernel ms']:.2f} | {row['eager ms']:.2f} | {row['kernel peak MiB']:.1f} | "
-              f"{row['eager peak MiB']:.1f} |", flush=True)
+        print(f"| {name} | {row['lowering']} | {row['kernel ms']:.2f} | {row['eager ms']:.2f} | "
+              f"{row['kernel peak MiB']:.1f} | {row['eager peak MiB']:.1f} |", flush=True)
     return rows
 
 
@@ -146,6 +160,9 @@ def main(argv=None):
     parser.add_argument("--size", default="small", choices=["smoke", "small", "medium"])
     parser.add_argument("--smoke", action="store_true", help="--size smoke, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lowering", default="auto", choices=["auto", "jax", "pallas"],
+                        help="how kernels lower (TORCHNEURON_KERNEL_LOWERING)")
+    parser.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     parser.add_argument("--out", help="JSON file for the results")
     args = parser.parse_args(argv)
     os.environ["TORCHNEURON_PLATFORM"] = args.platform
@@ -153,13 +170,15 @@ def main(argv=None):
     import torch
     import torchneuron  # noqa: F401
 
-    print(f"platform {args.platform}, size {size}, {torch.neuron.device_count()} device(s)\n")
-    print("| case | kernel ms | eager ms | kernel peak MiB | eager peak MiB |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    rows = run(size, repeats)
+    print(f"platform {args.platform}, size {size}, lowering {args.lowering}, {torch.neuron.device_count()} "
+          "device(s)\n")
+    print("| case | lowering | kernel ms | eager ms | kernel peak MiB | eager peak MiB |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    rows = run(size, repeats, args.lowering, args.case)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"platform": args.platform, "size": size, "rows": rows}, f, indent=1)
+            json.dump({"platform": args.platform, "size": size, "lowering": args.lowering, "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -55,3 +55,16 @@ def test_host_overhead_bench_reports_every_mode():
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "%" in line]
     assert [r[0].strip("| ") for r in rows] == ["compiled", "adaptive", "eager"], out
     assert all(0 <= float(r[3].strip(" |%")) <= 100 for r in rows), out
+
+
+@pytest.mark.slow
+def test_kernels_bench_smoke_runs_the_pallas_lowering_interpreted(tmp_path):
+    out = tmp_path / "kernels.json"
+    subprocess.run([sys.executable, "-m", "bench.kernels", "--smoke", "--lowering", "pallas", "--case",
+                    "adamw over 8 tensors", "--case", "rms_norm", "--out", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["adamw over 8 tensors"]["lowering"] == "pallas"
+    # the norm's backward sums columns with a [1, 128] matmul, under Triton's 16
+    assert rows["rms_norm"]["lowering"] == "auto" and "a matmul of (1, 128)" in rows["rms_norm"]["fallback"]
+    assert all(r["kernel ms"] > 0 and r["eager ms"] > 0 for r in rows.values())

@@ -348,3 +348,18 @@ def test_library_kernels_compile_as_nodes_of_one_program():
     torch.testing.assert_close(device_model.weight.grad.cpu(), model.weight.grad, rtol=1e-4, atol=1e-5)
     report = neuron_compile.report()
     assert report["dynamo_graphs"] == 1 and report["graphs"] == 2 and not report["eager_ops"]
+
+
+def test_fused_adamw_steps_over_its_lists_without_concatenating_them():
+    params = [torch.randn(64, 1024, device="neuron") for _ in range(4)]
+    grads = [torch.randn_like(p) for p in params]
+    moments = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+    lib.adamw_step(params, grads, *moments, step=1, lr=1e-3)  # compiles
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    lib.adamw_step(params, grads, *moments, step=2, lr=1e-3)
+    torch.neuron.synchronize()
+    size = sum(p.numel() * p.element_size() for p in params)
+    # the new params and moments (3 sizes); concatenating the four lists first took 4 more
+    assert torch.neuron.max_memory_allocated() - base <= 3 * size, (torch.neuron.max_memory_allocated() - base) / size

@@ -1,7 +1,7 @@
 """The kernel language (`import torchneuron.kernels as nk`): tile kernels checked by a NumPy simulator,
 lowered to JAX, and used from PyTorch as custom ops. See docs/kernels.md."""
 # flake8: noqa: F401  (the language's namespace)
-from .context import KernelError
+from .context import KernelError, use_lowering
 from .custom_op import custom_op
 from .kernel import Kernel, kernel
 from .language import (HBMTensor, Tile, abs, add, affine_range, bfloat16, bool_, broadcast_to, copy, cos,

@@ -62,3 +62,39 @@ class Active:
 
     def __exit__(self, *exc):
         _local.ctx = self.previous
+
+
+LOWERING_ENV = "TORCHNEURON_KERNEL_LOWERING"
+LOWERINGS = ("auto", "jax", "pallas")
+
+
+def checked_lowering(choice: str, source: str) -> str:
+    if choice not in LOWERINGS:
+        raise ValueError(f"torchneuron.kernels: the lowering is one of {', '.join(LOWERINGS)}, got {choice!r} "
+                         f"(from {source})")
+    return choice
+
+
+def lowering_choice() -> str:
+    """The lowering launches use: the innermost `use_lowering`, else $TORCHNEURON_KERNEL_LOWERING, else auto."""
+    choice = getattr(_local, "lowering", None)
+    return choice or checked_lowering(os.environ.get(LOWERING_ENV, "auto").lower(), f"${LOWERING_ENV}")
+
+
+class use_lowering:
+    """Choose how launches on JAX arrays (and so custom ops) lower kernels, for a with-block or, called
+    alone, for this thread from now on: "pallas" (Pallas: Triton on a GPU, its interpreter elsewhere),
+    "jax" (the JAX lowering) or "auto" (Pallas where the platform's devices pay for it and the kernel is
+    in what it lowers, else JAX). The choice is read when a launch is traced: a compiled program keeps
+    the lowering it was traced with."""
+
+    def __init__(self, choice: str):
+        checked_lowering(choice, "use_lowering")
+        self.previous = getattr(_local, "lowering", None)
+        _local.lowering = choice
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _local.lowering = self.previous

@@ -9,10 +9,11 @@ import torch
 
 from .. import library
 from ..runtime.dtypes import numpy_to_tensor, tensor_to_numpy, to_jax, to_torch
+from .context import checked_lowering, lowering_choice, use_lowering
 from .kernel import Kernel
 
 
-def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_grid=()):
+def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_grid=(), lowering=None):
     """Register `kernel` as the op `name` ("namespace::op"); returns the op (a torch CustomOpDef).
 
     The kernel's arguments are annotated as for torch.library.custom_op (torch.Tensor, float, int...).
@@ -20,17 +21,21 @@ def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_gri
     `backward` is a kernel taking the forward's arguments, then its outputs, then their gradients, and
     returning one gradient per tensor argument (it becomes the op `name + "_backward"`, launched on
     `backward_grid`); or a Python function (inputs, outputs, grads) -> gradients of torch code.
+    `lowering` ("auto", "jax" or "pallas") fixes how this op lowers its kernels, whatever `nk.use_lowering`
+    says around it.
     """
     if not isinstance(kernel, Kernel):
         raise TypeError(f"custom_op() wraps a @kernel, got {kernel!r}")
+    if lowering is not None:
+        checked_lowering(lowering, "custom_op(lowering=)")
     signature = kernel.signature
-    launch = functools.partial(_launch, kernel, grid)
+    launch = functools.partial(_launch, kernel, grid, lowering)
 
     def cpu(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         tensors = {n: v for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
         others = {n: v for n, v in bound.arguments.items() if n not in tensors}
-        outputs = _jitted(launch, tuple(sorted(others.items(), key=lambda kv: kv[0])))(
+        outputs = _jitted(launch, tuple(sorted(others.items(), key=lambda kv: kv[0])), lowering_choice())(
             {n: jnp.asarray(tensor_to_numpy(v.detach())) for n, v in tensors.items()})
         return _map(lambda a: numpy_to_tensor(jax.device_get(a), to_torch(a.dtype)), outputs)
 
@@ -53,17 +58,21 @@ def custom_op(name: str, kernel: Kernel, *, grid=(), backward=None, backward_gri
         return launch(**signature.bind(*args, **kwargs).arguments)
 
     if backward is not None:
-        _register_backward(op, name, signature, backward, backward_grid)
+        _register_backward(op, name, signature, backward, backward_grid, lowering)
     return op
 
 
-def _launch(kernel, grid, **arguments):
+def _launch(kernel, grid, lowering, **arguments):
     grid = grid(*arguments.values()) if callable(grid) else grid
-    return kernel[grid].lower(**arguments)
+    if lowering is None:
+        return kernel[grid].lower(**arguments)
+    with use_lowering(lowering):
+        return kernel[grid].lower(**arguments)
 
 
 @functools.lru_cache(maxsize=256)
-def _jitted(launch, others):
+def _jitted(launch, others, choice):
+    """`choice`: the lowering chosen around the call, which the trace follows."""
     return jax.jit(lambda arrays: launch(**arrays, **dict(others)))
 
 
@@ -71,10 +80,10 @@ def _map(fn, outputs):
     return tuple(fn(o) for o in outputs) if isinstance(outputs, tuple) else fn(outputs)
 
 
-def _register_backward(op, name, signature, backward, backward_grid):
+def _register_backward(op, name, signature, backward, backward_grid, lowering):
     names = list(signature.parameters)
     if isinstance(backward, Kernel):
-        backward_op = custom_op(f"{name}_backward", backward, grid=backward_grid)
+        backward_op = custom_op(f"{name}_backward", backward, grid=backward_grid, lowering=lowering)
 
         def compute(inputs, outputs, grads):
             result = backward_op(*inputs, *outputs, *grads)

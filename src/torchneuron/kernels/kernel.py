@@ -7,10 +7,10 @@ import jax
 import numpy as np
 import torch
 
-from .context import Active
+from .context import Active, lowering_choice
 from .language import HBMTensor, as_dtype
 from .simulator import Simulator
-from . import lowering
+from . import lowering, pallas
 
 
 class Kernel:
@@ -76,8 +76,21 @@ class Launch:
         return results[0] if picked.single else tuple(results)
 
     def lower(self, *args, **kwargs):
-        """Trace the JAX lowering (inside jax.jit or not); returns JAX arrays."""
-        return lowering.run(self.kernel, self.grid, self._bind(args, kwargs, lambda name, v: v))
+        """Trace the lowering `nk.use_lowering` chose (inside jax.jit or not); returns JAX arrays."""
+        arguments = self._bind(args, kwargs, lambda name, v: v)
+        choice = lowering_choice()
+        if choice == "jax":
+            return lowering.run(self.kernel, self.grid, arguments)
+        from ..runtime.platform import pallas_pays
+        on_gpu = pallas_pays()
+        if choice == "pallas":
+            return pallas.run(self.kernel, self.grid, arguments, interpret=not on_gpu)
+        if on_gpu:
+            try:
+                return pallas.run(self.kernel, self.grid, arguments, interpret=False)
+            except NotImplementedError:
+                pass  # a construct Pallas does not lower: XLA fuses the JAX lowering instead
+        return lowering.run(self.kernel, self.grid, arguments)
 
 
 def _is_array(value):

@@ -1,6 +1,8 @@
-"""The JAX lowering: the grid's programs run as one vmapped function (program ids are traced values),
-loops unroll at trace time, tiles are JAX arrays, and each program's stores are applied to the outputs
-after the vmap as scatters of their windows. XLA fuses the result on every platform."""
+"""The JAX lowering: the grid's programs run as one vmapped function (program ids are traced values), and
+so do the iterations of each `affine_range` loop (one more vmapped axis per loop, its accumulations summed
+across the axis); `sequential_range` loops unroll at trace time, `nk.fori` loops are `lax.fori_loop`. Tiles
+are JAX arrays, and each program's stores are applied to the outputs after the vmap as scatters of their
+windows. XLA fuses the result on every platform."""
 import math
 
 import jax
@@ -12,10 +14,15 @@ from .language import HBMTensor, Index, Interpreter, Tile, _check_carry, _tile, 
 
 
 class Lowering(Interpreter):
-    def __init__(self, kernel_name, grid, program_values):
+    """`loops`: the trip counts of the affine_range loops whose iterations are vmapped axes (their values
+    follow the grid's in `program_values`), in the order the kernel meets them; None on the trace that
+    finds them (each loop then runs its body once, on a stand-in index)."""
+
+    def __init__(self, kernel_name, grid, program_values, loops=None):
         super().__init__(kernel_name, grid, jnp)
         self.program_values, self.outputs, self.stores, self.pads = dict(enumerate(program_values)), [], [], {}
         self.loops = 0
+        self.affine, self.met, self.open = loops, [], []
 
     def program_id(self, axis):
         return Index.program(self.program_values[axis], axis, self.grid[axis])
@@ -25,6 +32,9 @@ class Lowering(Interpreter):
         return jnp.matmul(a, b, preferred_element_type=float32, precision=precision)
 
     def assign(self, memory, slices, value):
+        for loop in self.open:
+            if memory.seq <= loop.start:
+                loop.before.setdefault(memory, memory.data)
         memory.data = memory.data.at[slices].set(value)
 
     def output(self, shape, dtype):
@@ -56,7 +66,29 @@ class Lowering(Interpreter):
         return tuple(_tile(a, kind) for a, kind in zip(result, kinds))
 
     def loop(self, kind, n):
-        return range(n)
+        if kind == "sequential" or n < 2 or self.fori_depth:
+            return range(n)
+        return self._affine(n)
+
+    def _affine(self, n):
+        """One pass over the body, its index the loop's vmapped axis: memory from outside the loop that
+        the body wrote (accumulations: other writes would be races) becomes its value before the loop
+        plus the sum over the iterations of what each added."""
+        k = len(self.met)
+        self.met.append(n)
+        axis = len(self.grid) + k
+        if self.affine is None:
+            self.program_values[axis] = jnp.zeros((), jnp.int32)
+        elif self.affine[k:k + 1] != [n]:
+            raise RuntimeError(f"kernel {self.kernel_name}: its affine_range loops changed between two traces "
+                               f"({self.affine} then {self.met}); a kernel's loops depend only on its arguments")
+        loop = _Open(axis, self.seq)
+        self.open.append(loop)
+        yield Index(self.program_values[axis], ((axis, 1, n),), 0, 0, n - 1)
+        self.open.remove(loop)
+        if self.affine is not None:
+            for memory, before in loop.before.items():
+                memory.data = before + lax.psum(memory.data - before, _axis_name(axis))
 
     def load(self, view, mask, other):
         data = view.tensor.data
@@ -84,31 +116,71 @@ class Lowering(Interpreter):
         starts = jnp.stack([jnp.asarray(s.value if isinstance(s, Index) else s, jnp.int32)
                             for s in view.starts]) if view.starts else jnp.zeros((0,), jnp.int32)
         self.stores.append((view, starts, value.reshape(view.sizes),
-                            None if mask is None else mask.reshape(view.sizes)))
+                            None if mask is None else mask.reshape(view.sizes), {loop.axis for loop in self.open}))
+
+
+class _Open:
+    """An affine_range loop being traced: its axis, and the outside memory its body wrote (value before)."""
+
+    def __init__(self, axis, start):
+        self.axis, self.start, self.before = axis, start, {}
+
+
+def _axis_name(axis):
+    return f"affine_range {axis}"
 
 
 def run(kernel, grid, arguments):
     """Outputs (JAX arrays) of `kernel` launched on `grid` with `arguments` (by name; HBM tensors hold JAX
-    arrays)."""
+    arrays). A kernel with affine_range loops is traced twice: once to find them, once with their axes."""
     grid = tuple(grid)
+    plan, records = _trace(kernel, grid, arguments, None)
+    if plan["met"]:
+        plan, records = _trace(kernel, grid, arguments, plan["met"])
+    outputs = [jnp.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
+    for (at, view, inside), record in zip(plan["stores"], records):
+        (starts, value, mask), axes = _programs(record, grid, plan["met"], inside)
+        outputs[at] = _apply(outputs[at], view, starts, value, mask, axes)
+    picked = [outputs[i] for i in plan["returned"]]
+    return picked[0] if plan["returned"].single else tuple(picked)
+
+
+def _programs(record, grid, trips, inside):
+    """A store's records [G, *trips, ...] as [programs, ...] over the grid and the loops the store is inside,
+    and that grid (a store outside a loop is the same in each of its iterations: the first is kept)."""
+    full = grid + tuple(trips)
+    axes = tuple(n if a < len(grid) or a in inside else 1 for a, n in enumerate(full))
+    kept = tuple(slice(None) if n == m else slice(0, 1) for n, m in zip(axes, full))
+
+    def pick(r):
+        rest = r.shape[1 + len(trips):]
+        return r.reshape(full + rest)[kept].reshape((-1,) + rest)
+    return [None if r is None else pick(r) for r in record], axes
+
+
+def _trace(kernel, grid, arguments, loops):
+    """(plan, per store [G, *loops, ...] records) of every program and affine_range iteration."""
     plan = {}
 
-    def program(flat):
+    def program(flat, *iterations):
         values = [v for v in jnp.unravel_index(flat, grid)] if grid else []
-        ctx = Lowering(kernel.name, grid, values)
+        ctx = Lowering(kernel.name, grid, values + list(iterations), loops)
         with Active(ctx):
             returned = kernel.fn(**arguments)
         plan["outputs"] = [(t.shape, t.dtype) for t in ctx.outputs]
         plan["returned"] = _returned(kernel, returned, ctx.outputs)
-        plan["stores"] = [(ctx.outputs.index(view.tensor), view) for view, *_ in ctx.stores]
-        return [(starts, value, mask) for _, starts, value, mask in ctx.stores]
+        plan["stores"] = [(ctx.outputs.index(view.tensor), view, inside) for view, *_, inside in ctx.stores]
+        plan["met"] = ctx.met
+        return [(starts, value, mask) for _, starts, value, mask, _ in ctx.stores]
 
-    records = jax.vmap(program)(jnp.arange(max(math.prod(grid), 1)))
-    outputs = [jnp.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
-    for (at, view), (starts, value, mask) in zip(plan["stores"], records):
-        outputs[at] = _apply(outputs[at], view, starts, value, mask, grid)
-    picked = [outputs[i] for i in plan["returned"]]
-    return picked[0] if plan["returned"].single else tuple(picked)
+    trips = loops or []
+    batched = program
+    for k in reversed(range(len(trips))):  # the innermost vmap is the last loop's: records are [G, n0, n1, ...]
+        axes = (None,) * (k + 1) + (0,) + (None,) * (len(trips) - k - 1)
+        batched = jax.vmap(batched, in_axes=axes, axis_name=_axis_name(len(grid) + k))
+    records = jax.vmap(batched, in_axes=(0,) + (None,) * len(trips))(
+        jnp.arange(max(math.prod(grid), 1)), *(jnp.arange(n, dtype=jnp.int32) for n in trips))
+    return plan, records
 
 
 def _pads(view):
@@ -171,20 +243,31 @@ def _returned(kernel, returned, outputs):
     return picked
 
 
-def _tiling(view, grid):
-    """Per dimension the grid axis whose programs tile it (start = program id * size) or None (one window
-    from 0 covers it), when a store's windows tile the output that way; else None."""
+def block_axes(view):
+    """Per dimension the axis (of the grid or a loop) whose index times the window's size is the window's
+    start, or None where the window starts at 0 and spans the dimension: the window is the block of a
+    blocked layout that this index picks; None if it is not such a block."""
     axes = []
     for start, size, extent in zip(view.starts, view.sizes, view.tensor.shape):
         if isinstance(start, int):
             if start != 0 or size < extent:
                 return None
             axes.append(None)
-        elif start.terms is not None and start.const == 0 and len(start.terms) == 1 and \
-                start.terms[0][1] == size and start.terms[0][2] * size >= extent:
+        elif isinstance(start, Index) and start.terms is not None and start.const == 0 and \
+                len(start.terms) == 1 and start.terms[0][1] == size:
             axes.append(start.terms[0][0])
         else:
             return None
+    return axes
+
+
+def _tiling(view, grid):
+    """Per dimension the grid axis whose programs tile it (start = program id * size) or None (one window
+    from 0 covers it), when a store's windows tile the output that way; else None."""
+    axes = block_axes(view)
+    if axes is None or any(a is not None and (not isinstance(a, int) or grid[a] * size < extent)
+                           for a, size, extent in zip(axes, view.sizes, view.tensor.shape)):
+        return None
     used = [a for a in axes if a is not None]
     if len(set(used)) != len(used) or any(n > 1 and a not in used for a, n in enumerate(grid)):
         return None

@@ -38,6 +38,12 @@ def platform_name() -> str:
     return os.environ.get(PLATFORM_ENV, "cpu").lower()
 
 
+def pallas_pays() -> bool:
+    """Whether kernels are better lowered with Pallas than left to XLA's fusion on this platform: on
+    NVIDIA and AMD GPUs (Pallas' Triton backend), not on XLA:CPU or Trainium."""
+    return platform_name() in ("cuda", "gpu", "rocm")
+
+
 COORDINATOR_ENV = "TORCHNEURON_COORDINATOR"
 
 

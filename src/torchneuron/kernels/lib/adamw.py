@@ -1,12 +1,15 @@
-"""A fused AdamW step over a list of tensors: parameters, gradients and both moments of every tensor go
-through one kernel launch as rows of 512 (the lists are concatenated, then split back)."""
+"""A fused AdamW step over a list of tensors: one op whose lowering launches the kernel on each tensor
+(viewed as rows of 512) inside one XLA program, without concatenating the lists: on neuron one
+dispatch per step, and no copy of the parameters, gradients and moments into one buffer."""
 import math
 
+import jax.numpy as jnp
 import torch
 
 import torchneuron.kernels as nk
 
-from .common import row_block, row_grid
+from ... import library
+from .common import blocks, row_block, row_grid
 
 WIDTH = 512
 
@@ -35,10 +38,37 @@ def adamw_kernel(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 _adamw = nk.custom_op("torchneuron_kernels::adamw", adamw_kernel, grid=row_grid)
 
 
-def _rows(tensors):
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % WIDTH))
-    return padded.reshape(-1, WIDTH)
+def _launches(lists, scalars, step, pad):
+    """New params, exp_avgs, exp_avg_sqs: `step(param, grad, exp_avg, exp_avg_sq, *scalars)` on each tensor's
+    rows of 512 (a view where 512 divides its size; else `pad` pads the tail)."""
+    results = [[], [], []]
+    for group in zip(*lists):
+        shape, n = group[0].shape, math.prod(group[0].shape)
+        rows = [(pad(t.reshape(-1), (0, -n % WIDTH)) if n % WIDTH else t).reshape(-1, WIDTH) for t in group]
+        for out, new in zip(results, step(*rows, *scalars)):
+            out.append(new.reshape(-1)[:n].reshape(shape))
+    return results
+
+
+@torch.library.custom_op("torchneuron_kernels::adamw_list", mutates_args=())
+def _adamw_list(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                exp_avg_sqs: list[torch.Tensor], lr: float, beta1: float, beta2: float, eps: float,
+                weight_decay: float, bias_correction1: float, bias_correction2_sqrt: float) -> list[torch.Tensor]:
+    """The new params, then exp_avgs, then exp_avg_sqs (on CPU tensors: the single-tensor op per tensor)."""
+    scalars = (lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt)
+    return sum(_launches((params, grads, exp_avgs, exp_avg_sqs), scalars, _adamw, torch.nn.functional.pad), [])
+
+
+@_adamw_list.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, *scalars):
+    return [torch.empty_like(t) for t in (*params, *exp_avgs, *exp_avg_sqs)]
+
+
+@library.lowering(torch.ops.torchneuron_kernels.adamw_list.default)
+def _(params, grads, exp_avgs, exp_avg_sqs, *scalars):
+    def launch(p, g, m, v, *scalars):
+        return adamw_kernel[(blocks(p.shape[0]),)].lower(p, g, m, v, *scalars)
+    return sum(_launches((params, grads, exp_avgs, exp_avg_sqs), scalars, launch, jnp.pad), [])
 
 
 @torch.no_grad()
@@ -57,12 +87,7 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, step: int, lr: float, be
     if len({p.dtype for p in params}) != 1:
         raise TypeError("adamw_step: all parameters must have one dtype (call it once per dtype)")
     beta1, beta2 = betas
-    new_params, new_avgs, new_avg_sqs = _adamw(*(_rows(x) for x in lists), float(lr), float(beta1), float(beta2),
-                                               float(eps), float(weight_decay), 1 - beta1 ** step,
-                                               math.sqrt(1 - beta2 ** step))
-    at = 0
-    for p, m, v in zip(params, exp_avgs, exp_avg_sqs):
-        n = p.numel()
-        for target, source in ((p, new_params), (m, new_avgs), (v, new_avg_sqs)):
-            target.copy_(source.reshape(-1)[at:at + n].view_as(target))
-        at += n
+    new = _adamw_list(*([t.contiguous() for t in x] for x in lists), float(lr), float(beta1), float(beta2),
+                      float(eps), float(weight_decay), 1 - beta1 ** step, math.sqrt(1 - beta2 ** step))
+    for target, source in zip((*params, *exp_avgs, *exp_avg_sqs), new):
+        target.copy_(source)

@@ -16,18 +16,18 @@ def rope_kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: 
     b, h = nk.program_id(0), nk.program_id(1)
     rows, valid = row_block(nk.program_id(2), seq)
     cb = b if cos.shape[0] > 1 else 0
-    t = nk.load(x[b, h, rows, :], mask=valid, dtype=nk.float32)
-    c = nk.load(cos[cb, rows, :], mask=valid, dtype=nk.float32)
-    s = nk.load(sin[cb, rows, :], mask=valid, dtype=nk.float32)
-    result = t * c
-    first, second = t[:, :half], t[:, half:]
+
+    def halves(t, *lead):  # the two halves of the last dimension, each its own tile: whole-tile arithmetic
+        return [nk.load(t[(*lead, rows, nk.ds(k * half, half))], mask=valid, dtype=nk.float32) for k in (0, 1)]
+
+    first, second = halves(x, b, h)
+    (c1, c2), (s1, s2) = halves(cos, cb), halves(sin, cb)
     if inverse:
-        result[:, :half] += second * s[:, half:]
-        result[:, half:] -= first * s[:, :half]
+        out1, out2 = first * c1 + second * s2, second * c2 - first * s1
     else:
-        result[:, :half] -= second * s[:, :half]
-        result[:, half:] += first * s[:, half:]
-    nk.store(out[b, h, rows, :], result, mask=valid)
+        out1, out2 = first * c1 - second * s1, second * c2 + first * s2
+    nk.store(out[b, h, rows, nk.ds(0, half)], out1, mask=valid)
+    nk.store(out[b, h, rows, nk.ds(half, half)], out2, mask=valid)
     return out
 
 
