@@ -46,9 +46,10 @@ def main(argv=None) -> dict:
         "torch cpu": _cases(torch_cases("cpu")),
     }
     rows = {name: {} for name in columns["neuron"]}
-    for column, cases in columns.items():
-        for name, fn in cases.items():
-            rows[name][column] = thread_time_per_call(fn, args.calls, args.repeats)
+    with torch.neuron.adaptive_eager(False):
+        for column, cases in columns.items():
+            for name, fn in cases.items():
+                rows[name][column] = thread_time_per_call(fn, args.calls, args.repeats)
     with torch.neuron.adaptive_eager():
         for name, fn in _cases(torch_cases("neuron")).items():
             rows[name]["neuron adaptive"] = thread_time_per_call(fn, args.calls, args.repeats)

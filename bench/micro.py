@@ -66,7 +66,8 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
     bare = jax_cases()
     for name in ours:
         row = {"benchmark": name, "unit": "us/op"}
-        row[device] = measure(ours[name], device, inner=inner, repeats=repeats)["median"] * 1e6
+        with torch.neuron.adaptive_eager(False):  # op by op
+            row[device] = measure(ours[name], device, inner=inner, repeats=repeats)["median"] * 1e6
         with torch.neuron.adaptive_eager():  # the same calls queued and run as fused executables
             row[f"{device} adaptive"] = measure(ours[name], device, inner=inner, repeats=repeats)["median"] * 1e6
         row[f"torch {baseline}"] = measure(reference[name], baseline, inner=inner, repeats=repeats)["median"] * 1e6

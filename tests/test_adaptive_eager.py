@@ -202,3 +202,46 @@ def test_a_failing_fused_program_is_replayed_op_by_op(queued, monkeypatch):
         z = y.sum()
     torch.testing.assert_close(z.cpu(), (x.cpu() * 3.0 + 1.0).sum())
     assert queued()["replays"] >= 1
+
+
+DEFAULTS = """
+import json, sys, torch
+from torch.nn.modules import module
+from torch.optim import optimizer
+
+def hooks():
+    return {"module": len(module._global_forward_hooks) + len(module._global_forward_pre_hooks),
+            "optimizer": len(optimizer._global_optimizer_post_hooks)}
+
+cpu_only = hooks()
+model = torch.nn.Linear(4, 4)
+torch.optim.SGD(model.parameters(), lr=0.1).step()
+cpu_only_after_a_step = hooks()
+x = torch.ones(4, device="neuron")
+for _ in range(2):
+    y = x * 2  # the second run is queued
+print(json.dumps({"enabled": torch.neuron.is_adaptive_eager_enabled(), "cpu_only": cpu_only,
+                  "cpu_only_after_a_step": cpu_only_after_a_step, "queued": hooks(), "y": y.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_on_by_default_and_hooks_only_once_ops_queue(setting):
+    """On unless TORCHNEURON_ADAPTIVE_EAGER=0; `import torch` alone (which loads torchneuron) adds no hook, so
+    a CPU-only program is untouched; the optimizer-step boundary is hooked when the first op queues."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHNEURON_ADAPTIVE_EAGER"}
+    if setting is not None:
+        env["TORCHNEURON_ADAPTIVE_EAGER"] = setting
+    done = subprocess.run([sys.executable, "-c", DEFAULTS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    none = {"module": 0, "optimizer": 0}
+    assert seen["cpu_only"] == seen["cpu_only_after_a_step"] == none
+    assert seen["y"] == [2.0] * 4
+    assert seen["enabled"] is (setting is None)
+    assert seen["queued"] == ({"module": 0, "optimizer": 1} if setting is None else none)

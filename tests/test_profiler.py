@@ -39,9 +39,10 @@ def traced_step(tmp_path_factory):
     cumsum = torch.ops.aten.cumsum.default
     torchneuron.library.force_cpu(cumsum)  # first: changing the lowering table empties the executable cache
     try:
-        step(extra=False)
-        with profile(activities=[ProfilerActivity.CPU, NEURON], record_shapes=True, profile_memory=True) as prof:
-            step(extra=True)
+        with torch.neuron.adaptive_eager(False):  # each op's own launch (adaptive eager's flushes: below)
+            step(extra=False)
+            with profile(activities=[ProfilerActivity.CPU, NEURON], record_shapes=True, profile_memory=True) as prof:
+                step(extra=True)
     finally:
         torchneuron.library.force_cpu(cumsum, False)
     path = tmp_path_factory.mktemp("trace") / "trace.json"

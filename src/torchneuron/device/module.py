@@ -67,7 +67,7 @@ def get_device_properties(device=None):
 
 
 def set_adaptive_eager(enabled: bool) -> None:
-    """Queue ops and run them as fused executables (see torchneuron/eager/adaptive.py); off by default."""
+    """Queue ops and run them as fused executables (see torchneuron/eager/adaptive.py); on by default."""
     _adaptive().set_enabled(enabled)
 
 

@@ -16,8 +16,8 @@ raised at the op, before it is queued); XLA may fuse arithmetic across ops, so
 floating-point results can differ in the last bits. If the fused program fails,
 the queue is replayed op by op.
 
-Opt-in: `torch.neuron.set_adaptive_eager(True)`, the `torch.neuron.adaptive_eager()`
-context manager, or TORCHNEURON_ADAPTIVE_EAGER=1.
+On by default. Off: `torch.neuron.set_adaptive_eager(False)`, the
+`torch.neuron.adaptive_eager(False)` context manager, or TORCHNEURON_ADAPTIVE_EAGER=0.
 """
 import contextlib
 import os
@@ -68,6 +68,7 @@ class Queue:
             if self.device_index != executable.device_index or self.thread != thread or self._repeats(executable):
                 self.flush()
                 self.device_index, self.thread = executable.device_index, thread
+                _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
             args = []
             known = self.external_index
             for p in executable.argument_storages:
@@ -203,9 +204,7 @@ _flush_outside_dynamo = torch.compiler.disable(queue.flush)
 
 
 def set_enabled(enabled: bool) -> None:
-    if enabled:
-        _boundaries.install()
-    else:
+    if not enabled:
         queue.flush()
         _boundaries.remove()
     queue.enabled = bool(enabled)
@@ -240,4 +239,4 @@ def stats() -> dict:
     }
 
 
-set_enabled(os.environ.get("TORCHNEURON_ADAPTIVE_EAGER", "0") == "1")
+set_enabled(os.environ.get("TORCHNEURON_ADAPTIVE_EAGER", "1") != "0")
