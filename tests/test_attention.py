@@ -8,6 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchneuron import compile as neuron_compile
 from torchneuron.eager import adaptive, fallback
 
+aten = torch.ops.aten
 FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
 FLASH = "ScaledDotProductFlashAttentionBackward0"
 
@@ -97,6 +98,17 @@ def test_adaptive_eager_queues_the_fused_attention():
     torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
     for g, e in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_flash_op_returns_the_cpu_log_sum_exp(is_causal):
+    """Context parallelism merges the chunks of a sequence by the flash op's logsumexp output."""
+    q, k, v, _ = _inputs(torch.float32, keys=37, value_dim=16)
+    expected = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=is_causal)
+    got = aten._scaled_dot_product_flash_attention(*(t.to("neuron") for t in (q, k, v)), is_causal=is_causal)
+    for name, g, e in zip(("output", "logsumexp"), got[:2], expected, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert (got[6].shape, got[6].dtype, got[7].dtype) == ((2,), torch.uint64, torch.uint64)
 
 
 def test_sdpa_kernel_selects_the_backend_or_refuses():
