@@ -1,4 +1,5 @@
-"""F.scaled_dot_product_attention on neuron: the fused, blockwise lowering by default, the math path on request."""
+"""F.scaled_dot_product_attention on neuron: the fused, blockwise lowering by default (as flash attention's op
+without a mask, else as the overrideable op), the math path on request."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,15 +8,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchneuron import compile as neuron_compile
 from torchneuron.eager import adaptive, fallback
 
+aten = torch.ops.aten
 FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
+FLASH = "ScaledDotProductFlashAttentionBackward0"
 
 
-def _inputs(dtype, kv_heads=4, keys=150, mask=None, seed=0):
-    """Keys span three blocks, the last one padded; queries fewer than keys."""
+def _inputs(dtype, kv_heads=4, keys=150, mask=None, seed=0, value_dim=8):
+    """Keys span three blocks, the last one padded; queries fewer than keys. Values narrower than queries
+    and keys are the overrideable op's (flash attention's op gives outputs the query's width)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(2, 4, 37, 16, generator=g).to(dtype)
     k = torch.randn(2, kv_heads, keys, 16, generator=g).to(dtype)
-    v = torch.randn(2, kv_heads, keys, 8, generator=g).to(dtype)
+    v = torch.randn(2, kv_heads, keys, value_dim, generator=g).to(dtype)
     if mask == "bool":
         m = torch.rand(37, keys, generator=g) > 0.3
         m[5] = False  # a fully masked row gives zeros, as the math path's _safe_softmax does
@@ -43,6 +47,9 @@ CASES = [
     dict(dtype=torch.float32, mask="additive", scale=0.3),
     dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, is_causal=True),
     dict(dtype=torch.bfloat16, is_causal=True),
+    dict(dtype=torch.float32, value_dim=16),
+    dict(dtype=torch.float32, value_dim=16, kv_heads=2, enable_gqa=True, is_causal=True, scale=0.3),
+    dict(dtype=torch.bfloat16, value_dim=16, is_causal=True),
 ]
 
 
@@ -50,11 +57,12 @@ CASES = [
 def test_fused_attention_matches_the_cpu_forward_and_backward(case):
     case = dict(case)
     dtype, kv_heads, mask = case.pop("dtype"), case.pop("kv_heads", 4), case.pop("mask", None)
-    q, k, v, m = _inputs(dtype, kv_heads, mask=mask)
+    value_dim = case.pop("value_dim", 8)
+    q, k, v, m = _inputs(dtype, kv_heads, mask=mask, value_dim=value_dim)
     expected, expected_grads = _attend(F.scaled_dot_product_attention, "cpu", q, k, v, m, **case)
     with fallback.as_error():
         got, grads = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, m, **case)
-    assert type(got.grad_fn).__name__ == FUSED
+    assert type(got.grad_fn).__name__ == (FLASH if value_dim == 16 and mask is None else FUSED)
     tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(got.cpu(), expected, **tolerance)
     for g, e in zip(grads, expected_grads, strict=True):
@@ -92,18 +100,35 @@ def test_adaptive_eager_queues_the_fused_attention():
         torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4)
 
 
-def test_sdpa_kernel_selects_the_math_path_or_refuses():
-    q, k, v, _ = _inputs(torch.float32)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_flash_op_returns_the_cpu_log_sum_exp(is_causal):
+    """Context parallelism merges the chunks of a sequence by the flash op's logsumexp output."""
+    q, k, v, _ = _inputs(torch.float32, keys=37, value_dim=16)
+    expected = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=is_causal)
+    got = aten._scaled_dot_product_flash_attention(*(t.to("neuron") for t in (q, k, v)), is_causal=is_causal)
+    for name, g, e in zip(("output", "logsumexp"), got[:2], expected, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert (got[6].shape, got[6].dtype, got[7].dtype) == ((2,), torch.uint64, torch.uint64)
+
+
+def test_sdpa_kernel_selects_the_backend_or_refuses():
+    q, k, v, _ = _inputs(torch.float32, value_dim=16)
     with sdpa_kernel(SDPBackend.MATH):
         out, _ = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, None, is_causal=True)
-    assert type(out.grad_fn).__name__ != FUSED
+    assert type(out.grad_fn).__name__ not in (FUSED, FLASH)
     torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    for backend, name in ((SDPBackend.FLASH_ATTENTION, FLASH), (SDPBackend.OVERRIDEABLE, FUSED)):
+        with sdpa_kernel(backend):
+            out, _ = _attend(F.scaled_dot_product_attention, "neuron", q, k, v, None)
+        assert type(out.grad_fn).__name__ == name
+    mask = torch.ones(37, 150, dtype=torch.bool, device="neuron")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
-        F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"))
+        F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), attn_mask=mask)
 
 
-def test_dropout_is_seeded_and_its_backward_uses_the_forward_mask():
-    q, k, v = (t.double().to("neuron") for t in _inputs(torch.float32)[:3])
+@pytest.mark.parametrize("value_dim", [8, 16], ids=["overrideable", "flash"])
+def test_dropout_is_seeded_and_its_backward_uses_the_forward_mask(value_dim):
+    q, k, v = (t.double().to("neuron") for t in _inputs(torch.float32, value_dim=value_dim)[:3])
 
     def attend(query):
         torch.manual_seed(7)

@@ -449,5 +449,57 @@ def job_fsdp_rank_dies(path):
     print(f"rank {RANK} unexpectedly completed", flush=True)
 
 
+def context_parallel_attention(mesh, is_causal, load_balance, rotate, compiled=False):
+    """Attention over a sequence split across the ranks: the unsharded output and q/k/v gradients equal one
+    CPU process's attention over the whole sequence."""
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import (
+        _cp_options,
+        context_parallel_unshard,
+        set_rotate_method,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*leaves, is_causal=is_causal)
+    expected.backward(grad)
+    _cp_options.enable_load_balance = load_balance  # PyTorch's default: on, for causal attention only
+    set_rotate_method(rotate)
+
+    def attend(*args, **kwargs):  # F's attribute looked up at the call: context_parallel replaces it
+        return F.scaled_dot_product_attention(*args, **kwargs)
+
+    attend = torch.compile(attend, backend="neuron") if compiled else attend
+    cp_q, cp_k, cp_v, cp_grad = (t.to(DEVICE) for t in (q, k, v, grad))
+    with context_parallel(mesh, buffers=[cp_q, cp_k, cp_v, cp_grad], buffer_seq_dims=[2] * 4):
+        try:
+            for t in (cp_q, cp_k, cp_v):
+                t.requires_grad_()
+            out = attend(cp_q, cp_k, cp_v, is_causal=is_causal)
+            assert out.shape[2] == 16 // WORLD, out.shape
+            out.backward(cp_grad)
+        finally:  # the context restores the buffers' shapes, which it cannot do to tensors requiring grad
+            for t in (cp_q, cp_k, cp_v):
+                t.requires_grad_(False)
+        shards = [out.detach(), cp_q.grad, cp_k.grad, cp_v.grad]
+    what = f"context parallel (causal={is_causal}, load_balance={load_balance}, {rotate}, compiled={compiled})"
+    full = context_parallel_unshard(mesh, shards, [2] * 4)
+    for name, got, want in zip(("output", "dq", "dk", "dv"), full, [expected.detach()] + [t.grad for t in leaves]):
+        same(got, want, f"{what} {name}")
+    return what
+
+
+def job_context_parallel():
+    init()
+    mesh = init_device_mesh("neuron", (WORLD,))
+    # compiled with the all-to-all rotation only: the ring's chunks depend on the rank, so each rank compiles
+    # another graph, and an all-gather inside one is a program all ranks must share (docs/parallelism.md)
+    for case in ((True, True, "allgather"), (True, False, "alltoall"), (False, False, "allgather"),
+                 (True, True, "alltoall", True)):
+        print(f"passed {context_parallel_attention(mesh, *case)}", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[f"job_{sys.argv[1]}"](*sys.argv[2:])

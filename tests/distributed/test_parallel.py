@@ -47,3 +47,10 @@ def test_a_rank_dying_mid_fsdp2_step_fails_the_other_and_leaves_the_checkpoint_l
     assert results[0][0] != 0, survivor[-3000:]
     assert re.search(r"DistBackendError|detected fatal errors|Gloo .* failed|heartbeat", survivor), survivor[-3000:]
     launch.check(launch.run("checkpoint_on_one_rank", path, world=1, timeout=120, jobs=JOBS))
+
+
+def test_context_parallel_attention_matches_one_process():
+    """context_parallel: causal attention (with the default head-tail load balancer, and without) and
+    non-causal attention over a sequence split across the ranks, forward and q/k/v gradients unsharded
+    by context_parallel_unshard, equal one CPU process; also compiled (all-to-all rotation)."""
+    launch.check(launch.run("context_parallel", timeout=240, jobs=JOBS))

@@ -2,13 +2,16 @@
 
 PyTorch picks an SDPA backend per device in C++ (`_fused_sdp_choice_stub`), which a Python backend
 cannot register for PrivateUse1, so neuron's choice is a kernel for `aten::scaled_dot_product_attention`
-at AutogradPrivateUse1 (ahead of its CompositeImplicitAutograd math decomposition): the fused op
-PyTorch keeps for out-of-tree devices (`_scaled_dot_product_fused_attention_overrideable`, whose
-derivative is its `_backward` op) unless `torch.nn.attention.sdpa_kernel` disabled it, else the math
-path, else PyTorch's "No available kernel" error. Both fused lowerings scan over blocks of keys: the
-forward keeps a running max, denominator and output per query (FlashAttention), the backward
-recomputes each block's probabilities from the saved log-sum-exp. Dropout masks are drawn per block
-from the forward's PRNG key, which the philox_seed output carries to the backward.
+at AutogradPrivateUse1 (ahead of its CompositeImplicitAutograd math decomposition), in the order CUDA's
+default makes it: `_scaled_dot_product_flash_attention` for calls without a mask (the op DTensor's
+sharding rules and context parallelism's ring attention know), else the fused op PyTorch keeps for
+out-of-tree devices (`_scaled_dot_product_fused_attention_overrideable`, which takes masks), each unless
+`torch.nn.attention.sdpa_kernel` disabled it, else the math path, else PyTorch's "No available kernel"
+error. Each op's derivative is its `_backward` op. One blockwise lowering serves both: the forward scans
+over blocks of keys keeping a running max, denominator and output per query (FlashAttention) and returns
+the log-sum-exp (which context parallelism merges chunks by); the backward recomputes each block's
+probabilities from it. Dropout masks are drawn per block from the forward's PRNG key, which the
+philox_seed output carries to the backward.
 """
 import jax
 import jax.numpy as jnp
@@ -89,9 +92,10 @@ def _pad_keys(x, axis, length):
     return jnp.pad(x, widths)
 
 
-def _dropout_scale(seed, index, shape, p, dtype):
-    """The dropout multiplier of one block (0 or 1/(1-p)), the same in forward and backward."""
-    key = jax.random.wrap_key_data(lax.bitcast_convert_type(seed, jnp.uint32), impl="threefry2x32")
+def _dropout_scale(words, index, shape, p, dtype):
+    """The dropout multiplier of one block (0 or 1/(1-p)), the same in forward and backward; `words` is
+    the forward's threefry key data (2 x uint32), which each op's philox_seed output carries."""
+    key = jax.random.wrap_key_data(words, impl="threefry2x32")
     keep = jax.random.bernoulli(jax.random.fold_in(key, index), 1 - p, shape)
     return jnp.where(keep, 1 / (1 - p), 0).astype(dtype)
 
@@ -100,11 +104,10 @@ def _scan_inputs(layout, k, v):
     return layout.key_blocks(k), layout.key_blocks(v), layout.bias_blocks(), jnp.arange(layout.n_blocks)
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable, random=True, static_scalars=True)
-def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
-                    scale=None):
+def _attend(key, q, k, v, attn_bias, dropout_p, is_causal, scale):
+    """The blockwise forward: (layout, output, logsumexp, the key words its dropout drew from)."""
     layout = _Layout(q, k, attn_bias, is_causal, scale)
-    seed = lax.bitcast_convert_type(jax.random.key_data(key), jnp.int64) if dropout_p > 0 else jnp.zeros((), jnp.int64)
+    words = jax.random.key_data(key) if dropout_p > 0 else jnp.zeros((2,), jnp.uint32)
     query = layout.grouped(q)
     shape = query.shape[:-1]
 
@@ -117,7 +120,7 @@ def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False
         p = jnp.exp(s - finite_top[..., None])
         rescale = jnp.exp(top - finite_top)
         if dropout_p > 0:
-            p_kept = p * _dropout_scale(seed, index, p.shape, dropout_p, p.dtype)
+            p_kept = p * _dropout_scale(words, index, p.shape, dropout_p, p.dtype)
         else:
             p_kept = p
         acc = acc * rescale[..., None] + jnp.einsum("bhglk,bhkd->bhgld", p_kept, v_block)
@@ -129,26 +132,23 @@ def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False
     # rows with every key masked give zeros, as the math path's _safe_softmax does
     out = jnp.where(total[..., None] > 0, acc / jnp.where(total > 0, total, 1)[..., None], 0)
     logsumexp = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1)), jnp.inf)
-    return (layout.ungrouped(out).astype(q.dtype), layout.ungrouped(logsumexp), None, None,
-            layout.queries, layout.keys, seed, jnp.zeros((), jnp.int64), None)
+    return layout, layout.ungrouped(out).astype(q.dtype), layout.ungrouped(logsumexp), words
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable_backward, static_scalars=True)
-def fused_attention_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
-                             max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+def _attend_backward(grad, q, k, v, attn_bias, want_bias, out, logsumexp, dropout_p, is_causal, words, scale):
+    """The blockwise backward: (layout, dq, dk, dv, the score gradient's blocks when `want_bias`)."""
     layout = _Layout(q, k, attn_bias, is_causal, scale)
     query, d_out = layout.grouped(q), layout.grouped(grad)
     lse = layout.grouped(logsumexp)
     # rowsum(P * dP) of the softmax gradient, which equals rowsum(dO * O), with dropout too
     delta = jnp.sum(d_out * layout.grouped(out), -1)
-    want_bias = attn_bias is not None and grad_input_mask[3]
 
     def step(d_query, block):
         k_block, v_block, bias_block, index = block
         p = jnp.exp(layout.scores(query, k_block, bias_block, index) - lse[..., None])
         d_p = jnp.einsum("bhgld,bhkd->bhglk", d_out, v_block)
         if dropout_p > 0:
-            kept = _dropout_scale(philox_seed, index, p.shape, dropout_p, p.dtype)
+            kept = _dropout_scale(words, index, p.shape, dropout_p, p.dtype)
             p_kept, d_p = p * kept, d_p * kept
         else:
             p_kept = p
@@ -159,14 +159,52 @@ def fused_attention_backward(grad, q, k, v, attn_bias, grad_input_mask, out, log
         return d_query, (d_k, d_v, d_s if want_bias else None)
 
     d_query, (d_k, d_v, d_s) = lax.scan(step, jnp.zeros_like(query), _scan_inputs(layout, k, v))
+    return (layout, layout.ungrouped(d_query).astype(q.dtype), _from_key_blocks(layout, d_k, k),
+            _from_key_blocks(layout, d_v, v), d_s)
+
+
+# The two fused ops differ only in their signatures and in how philox_seed holds the key words: the
+# overrideable op's is one int64 (as its meta kernel says), flash attention's two uint64 (its CUDA layout).
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable, random=True, static_scalars=True)
+def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                    scale=None):
+    layout, out, logsumexp, words = _attend(key, q, k, v, attn_bias, dropout_p, is_causal, scale)
+    seed = lax.bitcast_convert_type(words, jnp.int64)
+    return out, logsumexp, None, None, layout.queries, layout.keys, seed, jnp.zeros((), jnp.int64), None
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward, static_scalars=True)
+def fused_attention_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
+                             max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    want_bias = attn_bias is not None and grad_input_mask[3]
+    words = lax.bitcast_convert_type(philox_seed, jnp.uint32)
+    layout, d_q, d_k, d_v, d_s = _attend_backward(grad, q, k, v, attn_bias, want_bias, out, logsumexp, dropout_p,
+                                                  is_causal, words, scale)
     if attn_bias is None:
         d_bias = None
     elif want_bias:
         d_bias = _bias_gradient(layout, d_s, attn_bias)
     else:
         d_bias = jnp.zeros(attn_bias.shape, attn_bias.dtype)  # PyTorch's meta kernel returns one regardless
-    return (layout.ungrouped(d_query).astype(q.dtype), _from_key_blocks(layout, d_k, k),
-            _from_key_blocks(layout, d_v, v), d_bias)
+    return d_q, d_k, d_v, d_bias
+
+
+@lower(aten._scaled_dot_product_flash_attention, random=True, static_scalars=True)
+def flash_attention(key, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    if return_debug_mask:
+        raise NotImplementedError("aten::_scaled_dot_product_flash_attention with return_debug_mask=True")
+    layout, out, logsumexp, words = _attend(key, q, k, v, None, dropout_p, is_causal, scale)
+    return (out, logsumexp, None, None, layout.queries, layout.keys, words.astype(jnp.uint64),
+            jnp.zeros((), jnp.uint64), jnp.zeros((0,), q.dtype))
+
+
+@lower(aten._scaled_dot_product_flash_attention_backward, static_scalars=True)
+def flash_attention_backward(grad, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                             is_causal, philox_seed, philox_offset, *, scale=None):
+    _, d_q, d_k, d_v, _ = _attend_backward(grad, q, k, v, None, False, out, logsumexp, dropout_p, is_causal,
+                                           philox_seed.astype(jnp.uint32), scale)
+    return d_q, d_k, d_v
 
 
 def _from_key_blocks(layout, blocks, like):
@@ -193,12 +231,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """aten::scaled_dot_product_attention for neuron tensors: the backend choice PyTorch makes in C++."""
     _check_inputs(query, key, value, attn_mask)
-    if kernel_override is not None and attn_mask is None and torch._C._get_overrideable_sdp_enabled() and \
-            _fused_fits(query, key, value, attn_mask, enable_gqa):
+    fused = _fused_fits(query, key, value, attn_mask, enable_gqa)
+    # flash attention's op takes no mask, and its meta kernel gives the output the query's head dim
+    flash = fused and attn_mask is None and value.shape[-1] == query.shape[-1] and torch._C._get_flash_sdp_enabled()
+    overrideable = fused and torch._C._get_overrideable_sdp_enabled()
+    if kernel_override is not None and attn_mask is None and (flash or overrideable):
         out = kernel_override(query, key, value, causal=is_causal, scale=scale, dropout_p=dropout_p)
         if out is not NotImplemented:
             return out
-    if torch._C._get_overrideable_sdp_enabled() and _fused_fits(query, key, value, attn_mask, enable_gqa):
+    if flash:
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if overrideable:
         return aten._scaled_dot_product_fused_attention_overrideable(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
     if torch._C._get_math_sdp_enabled():
