@@ -4,17 +4,23 @@
     python -m bench.cnn_step               # the step: rounds of interleaved steps, min per round
     python -m bench.cnn_step --one-thread  # the same with one thread each (PyTorch's and XLA:CPU's)
     python -m bench.cnn_step --convs       # the convolutions: torch against a bare jax.jit
+    python -m bench.cnn_step --ops         # the compiled step's XLA ops, by time (jax.profiler)
 
 Each round runs each variant's steps in a row and keeps its fastest step, as wall-clock and as
 process CPU time (all threads): CPU time stays steady when other processes share the cores, wall-clock
 does not. With --one-thread both sides compute on one core, so the CPU-time ratio is the work ratio.
 `--convs` times each convolution of the step (forward, input gradient, weight gradient) in torch and as
 a bare `jax.jit` of `lax.conv_general_dilated` and its vjp (what XLA:CPU does with the op alone), and the
-weight gradient as the lowering computes it on XLA:CPU. Run it on an otherwise idle machine.
+weight gradient as the lowering computes it on XLA:CPU. `--ops` lists the compiled step's XLA ops (fusions, by
+their names in XLA's optimized HLO: `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text` writes it), each
+with its fastest time over the profiled steps. Run it on an otherwise idle machine.
 """
 import argparse
+import collections
+import glob
 import os
 import sys
+import tempfile
 import time
 
 ONE_THREAD = "--one-thread" in sys.argv
@@ -96,16 +102,51 @@ def convs(calls: int) -> None:
             print(f"| {name} x{list(x_shape)} w{list(w_shape)} | {t:.2f} | {j:.2f} | {j / t:.2f}x | {low} |", flush=True)
 
 
+def ops(steps: int, top: int = 25) -> None:
+    with torch.neuron.adaptive_eager(False):
+        train = _step_fns(cnn, "neuron", "compiled")[0]
+        for _ in range(3):
+            train()
+        torch.neuron.synchronize()
+        directory = tempfile.mkdtemp(prefix="cnn_step_trace_")
+        jax.profiler.start_trace(directory)
+        for _ in range(steps):
+            train()
+            torch.neuron.synchronize()
+        jax.profiler.stop_trace()
+    trace = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
+    runs = collections.defaultdict(lambda: collections.defaultdict(float))  # (program, op) -> run -> ms
+    for plane in jax.profiler.ProfileData.from_file(trace).planes:
+        for line in plane.lines:
+            for event in line.events:
+                stats = dict(event.stats)
+                if "hlo_op" in stats:
+                    runs[stats["program_id"], stats["hlo_op"]][stats["run_id"]] += event.duration_ns / 1e6
+    fastest_ms = {key: min(by_run.values()) for key, by_run in runs.items() if len(by_run) >= steps}
+    per_program = collections.Counter()
+    for (program, _), ms in fastest_ms.items():
+        per_program[program] += ms
+    for program, ms in per_program.most_common():
+        if ms < 0.1:  # the optimizer's and the loss's eager ops
+            break
+        print(f"program {program}: {ms:.2f} ms (sum of its ops' fastest runs)")
+    for (program, op), ms in sorted(fastest_ms.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {ms:6.2f} ms  program {program}  {op}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--one-thread", action="store_true", help="PyTorch and XLA:CPU on one thread each")
     parser.add_argument("--convs", action="store_true", help="the step's convolutions alone")
+    parser.add_argument("--ops", action="store_true", help="the compiled step's XLA ops, by time")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if ONE_THREAD:
         torch.set_num_threads(1)
     if args.convs:
         convs(calls=30)
+    elif args.ops:
+        ops(steps=10)
     else:
         steps(args.rounds, per_round=8)
 
