@@ -65,19 +65,22 @@ def time_steps(step, sizes) -> dict:
 
 
 def _timers() -> dict:
-    """Wrap the start-up's stages in timers (seconds, summed over calls; the stages nest)."""
+    """Wrap the start-up's stages in timers (seconds, summed over calls): Dynamo contains the backend, the backend
+    AOTAutograd and the table; JAX lowering and XLA are parts of the graph and eager op programs."""
     import jax._src.compiler
     import jax._src.stages
+    import torch._dynamo.convert_frame
 
     from torchneuron.compile import backend, executable
     from torchneuron.eager import executable as eager_executable
 
     seconds = {}
     stages = [
-        (sys.modules[__name__], "neuron_backend", "backend: AOTAutograd, decompositions, graph programs"),
-        (backend, "aot_module_simplified", "AOTAutograd (PyTorch), graph programs inside"),
+        (torch._dynamo.convert_frame, "_compile", "Dynamo (PyTorch): tracing the frame, backend inside"),
+        (sys.modules[__name__], "neuron_backend", "our backend: AOTAutograd and the decomposition table"),
+        (backend, "aot_module_simplified", "AOTAutograd (PyTorch)"),
         (backend, "decompositions", "core-ATen decomposition table (PyTorch's, filtered)"),
-        (executable._Program, "__init__", "graph programs: cache lookup, lower, compile"),
+        (executable._Program, "__init__", "graph programs (at their first run): cache lookup, lower, compile"),
         (eager_executable.Executable, "__init__", "eager op programs: meta, trace"),
         (jax._src.stages.Traced, "lower", "JAX lowering (graphs and eager ops)"),
         (jax._src.compiler, "compile_or_get_cached", "XLA: compile, or load from JAX's persistent cache"),
