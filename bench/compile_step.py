@@ -3,6 +3,7 @@
     python bench/compile_step.py            # full run (minutes; run it on a quiet machine)
     python bench/compile_step.py --smoke    # tiny sizes, two steps: checks that every variant runs
     python bench/compile_step.py --startup  # only the cold and warm start-up
+    python bench/compile_step.py --startup --breakdown  # and where the warm start-up's time goes
 
 Variants: neuron compiled (backend="neuron"), neuron eager, CPU eager, CPU torch.compile (Inductor).
 Start-up: a fresh process builds the model and runs one compiled step, first with an empty
@@ -63,18 +64,52 @@ def time_steps(step, sizes) -> dict:
     return {"first_step_s": first, "step_ms": 1000 * (time.perf_counter() - start) / sizes["steps"]}
 
 
-def startup(sizes) -> dict:
+def _timers() -> dict:
+    """Wrap the start-up's stages in timers (seconds, summed over calls): Dynamo contains the backend, the backend
+    AOTAutograd and the table; JAX lowering and XLA are parts of the graph and eager op programs."""
+    import jax._src.compiler
+    import jax._src.stages
+    import torch._dynamo.convert_frame
+
+    from torchneuron.compile import backend, executable
+    from torchneuron.eager import executable as eager_executable
+
+    seconds = {}
+    stages = [
+        (torch._dynamo.convert_frame, "_compile", "Dynamo (PyTorch): tracing the frame, backend inside"),
+        (sys.modules[__name__], "neuron_backend", "our backend: AOTAutograd and the decomposition table"),
+        (backend, "aot_module_simplified", "AOTAutograd (PyTorch)"),
+        (backend, "decompositions", "core-ATen decomposition table (PyTorch's, filtered)"),
+        (executable._Program, "__init__", "graph programs (at their first run): cache lookup, lower, compile"),
+        (eager_executable.Executable, "__init__", "eager op programs: meta, trace"),
+        (jax._src.stages.Traced, "lower", "JAX lowering (graphs and eager ops)"),
+        (jax._src.compiler, "compile_or_get_cached", "XLA: compile, or load from JAX's persistent cache"),
+    ]
+    for owner, name, label in stages:
+        def timed(*args, _fn=getattr(owner, name), _label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                seconds[_label] = seconds.get(_label, 0.0) + time.perf_counter() - start
+        setattr(owner, name, timed)
+    return seconds
+
+
+def startup(sizes, breakdown=False) -> dict:
     """Run in a child process: build the model and time one compiled step."""
+    seconds = _timers() if breakdown else {}
     start = time.perf_counter()
     loss = make_step("neuron", True, sizes)()
     from torchneuron.compile import report
 
-    return {"startup_s": time.perf_counter() - start, "loss": loss, **report()}
+    return {"startup_s": time.perf_counter() - start, "loss": loss, **report(), "breakdown_s": seconds}
 
 
 def child_startup(args, cache_dir) -> dict:
     env = dict(os.environ, TORCHNEURON_CACHE_DIR=cache_dir)
-    command = [sys.executable, __file__, "--child-startup"] + (["--smoke"] if args.smoke else [])
+    command = [sys.executable, __file__, "--child-startup"] + (["--smoke"] if args.smoke else []) + (
+        ["--breakdown"] if args.breakdown else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -83,11 +118,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and two steps")
     parser.add_argument("--startup", action="store_true", help="only the cold and warm start-up")
+    parser.add_argument("--breakdown", action="store_true", help="time the start-up's stages")
     parser.add_argument("--child-startup", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     if args.child_startup:
-        print(json.dumps(startup(sizes)))
+        print(json.dumps(startup(sizes, args.breakdown)))
         return
     results = {"sizes": sizes}
     variants = [("neuron compiled", "neuron", True), ("neuron eager", "neuron", False),
@@ -102,6 +138,8 @@ def main():
             r = results[name]
             print(f"{name:16s} start-up {r['startup_s']:7.2f} s   xla_compiles {r['xla_compiles']}   "
                   f"disk_cache_hits {r['disk_cache_hits']}", flush=True)
+            for stage, seconds in r["breakdown_s"].items():
+                print(f"    {stage:55s} {seconds:6.2f} s")
     print(f"warm / cold start-up {results['warm cache']['startup_s'] / results['cold cache']['startup_s']:.2f}")
     print(json.dumps(results))
 

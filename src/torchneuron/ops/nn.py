@@ -3,6 +3,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -371,16 +372,50 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     return out
 
 
+def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
+    """A convolution's weight gradient as one contraction per kernel offset: the output gradient against
+    the input's strided slice at that offset, over the batch and the output positions."""
+    batch, cin = x.shape[:2]
+    cout, out = grad.shape[1], grad.shape[2:]
+    padded = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(p, p, 0) for p in padding])
+    g = grad.reshape(batch, groups, cout // groups, -1)
+    acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+    shares = []
+    for offset in np.ndindex(*kernel):
+        starts = [i * d for i, d in zip(offset, dilation)]
+        limits = [start + (o - 1) * s + 1 for start, o, s in zip(starts, out, stride)]
+        window = lax.slice(padded, (0, 0, *starts), (batch, cin, *limits), (1, 1, *stride))
+        window = window.reshape(batch, groups, cin // groups, -1)
+        # contract batch and positions, groups as the batch of the product: (groups, cout/groups, cin/groups)
+        shares.append(lax.dot_general(g, window, (((0, 3), (0, 3)), ((1,), (1,))), preferred_element_type=acc))
+    return jnp.stack(shares, axis=-1).reshape((cout, cin // groups) + tuple(kernel)).astype(x.dtype)
+
+
+def _weight_grad(grad, x, w, args):
+    def by_vjp(grad, x):
+        return jax.vjp(lambda b: _conv(x, b, *args), w)[1](grad)[0]
+
+    stride, padding, dilation, transposed, _, groups = args
+    if transposed:
+        return by_vjp(grad, x)
+    # XLA:CPU runs the vjp's convolution (the whole image as its window, the batch as its features)
+    # after transposing both operands so that the positions, the innermost axis, become the outermost:
+    # 4x PyTorch's time for a small CNN's weight gradients. Contractions over strided slices keep the
+    # positions innermost. Other platforms have convolution libraries for the vjp's form.
+    by_offsets = functools.partial(_weight_grad_by_offsets, w.shape[2:], stride, padding, dilation, groups)
+    return lax.platform_dependent(grad, x, cpu=by_offsets, default=by_vjp)
+
+
 @lower(aten.convolution_backward)
 def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask):
     n = x.ndim - 2
     args = (_expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed, _expand(output_padding, n),
             groups)
-    _, vjp = jax.vjp(lambda a, b: _conv(a, b, *args), x, w)
-    dx, dw = vjp(grad)
+    dx = jax.vjp(lambda a: _conv(a, w, *args), x)[1](grad)[0] if output_mask[0] else None
+    dw = _weight_grad(grad, x, w, args) if output_mask[1] else None
     db = jnp.sum(opmath(grad), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype) if output_mask[2] else None
-    return dx if output_mask[0] else None, dw if output_mask[1] else None, db
+    return dx, dw, db
 
 
 @lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p

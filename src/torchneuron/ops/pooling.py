@@ -1,14 +1,14 @@
 """Spatial ops: pooling, upsampling, grid sampling, padding, and their backwards.
 
-Windowed ops of variable window (adaptive and fractional pooling) gather every
-window into a trailing axis (`_windows`) and reduce it. Backwards of the
-linear ops are the vjp of their forward lowering; max pools scatter the
-gradient to the indices their forward returned.
+Max pools of fixed windows take one strided slice per window offset. Windowed
+ops of variable window (adaptive and fractional pooling) gather every window
+into a trailing axis (`_windows`) and reduce it. Backwards of the linear ops
+are the vjp of their forward lowering; max pools send each output's gradient
+to the index their forward returned.
 """
 import functools
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -163,6 +163,79 @@ def fractional_max_pool(x, kernel_size, output_size, random_samples):
     return _window_max(x, starts, [np.full(o, k) for o, k in zip(output_size, kernel_size)])
 
 
+# --- max pooling ----------------------------------------------------------------------------
+# One strided slice per window offset, not the windows gathered: XLA:CPU runs slices and selects as
+# one loop fusion, where the gather and argmax of PyTorch's decomposition cost more than the convolutions
+# of a small CNN.
+
+
+def _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode):
+    """Each window offset, in PyTorch's scan order: its strided slice of the padded input (start, limit,
+    stride per spatial dim), the input position it reads for every output (flat, as PyTorch's indices),
+    whether that position is inside the input, and the input padding."""
+    kernel, padding, dilation = _per_dim(kernel_size, n), _per_dim(padding, n), _per_dim(dilation, n)
+    stride = _per_dim(stride, n) if stride else kernel
+    spatial = x.shape[x.ndim - n:]
+    pads = [_pool_padding(length, d * (k - 1) + 1, s, p, ceil_mode)
+            for length, k, s, p, d in zip(spatial, kernel, stride, padding, dilation)]
+    outs = [(length + left + right - d * (k - 1) - 1) // s + 1
+            for length, (left, right), k, s, d in zip(spatial, pads, kernel, stride, dilation)]
+    offsets = []
+    for offset in np.ndindex(*kernel):
+        positions = [np.arange(o) * s - p + i * d for o, s, p, i, d in zip(outs, stride, padding, offset, dilation)]
+        grid = np.ix_(*positions)
+        flat = sum(g * math.prod(spatial[d + 1:]) for d, g in enumerate(grid))
+        inside = functools.reduce(np.logical_and, [(g >= 0) & (g < length) for g, length in zip(grid, spatial)])
+        starts = [i * d for i, d in zip(offset, dilation)]
+        limits = [start + (o - 1) * s + 1 for start, o, s in zip(starts, outs, stride)]
+        offsets.append((starts, limits, stride, flat, inside))
+    return offsets, pads
+
+
+def _max_pool(n, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    offsets, pads = _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode)
+    lead = x.ndim - n
+    padded = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * lead + [(lo, hi, 0) for lo, hi in pads])
+    lowest = jnp.asarray(_lowest(x.dtype), x.dtype)
+    windows = [(lax.slice(padded, (0,) * lead + tuple(starts), x.shape[:lead] + tuple(limits),
+                          (1,) * lead + tuple(strides)), flat, inside)
+               for starts, limits, strides, flat, inside in offsets]
+    best = functools.reduce(jnp.maximum, [jnp.where(inside, v, lowest) for v, _, inside in windows])
+    # PyTorch's CPU kernel keeps the first position holding the maximum, or the last nan. Each select
+    # reads only the previous index, not a running maximum: XLA fuses the chain without recomputing it.
+    index = jnp.zeros(best.shape, jnp.int64)
+    for v, flat, inside in reversed(windows):
+        index = jnp.where(inside & (v == best), flat, index)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        for v, flat, inside in windows:
+            index = jnp.where(inside & jnp.isnan(v), flat, index)
+    return best, index
+
+
+lower(aten.max_pool2d_with_indices)(functools.partial(_max_pool, 2))
+lower(aten.max_pool3d_with_indices)(functools.partial(_max_pool, 3))
+
+
+def _max_pool_backward(n, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each window offset's share of the gradient (where the index is its position), strided back into
+    place; positions in the padding fall outside and are cropped by the negative padding."""
+    offsets, pads = _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode)
+    lead = x.ndim - n
+    g = opmath(grad)
+    zero = jnp.zeros((), g.dtype)
+    out = jnp.zeros(x.shape, g.dtype)
+    for starts, limits, strides, flat, _ in offsets:
+        share = jnp.where(indices == flat, g, zero)
+        config = [(start - left, length + left - limit, s - 1)
+                  for start, limit, s, (left, _), length in zip(starts, limits, strides, pads, x.shape[lead:])]
+        out = out + lax.pad(share, zero, [(0, 0, 0)] * lead + config)
+    return out.astype(grad.dtype)
+
+
+lower(aten.max_pool2d_with_indices_backward)(functools.partial(_max_pool_backward, 2))
+lower(aten.max_pool3d_with_indices_backward)(functools.partial(_max_pool_backward, 3))
+
+
 def _scatter(n, grad, x, indices):
     """The gradient of a max pool: each output's gradient added at the input position it took."""
     rows = math.prod(x.shape[:x.ndim - n])
@@ -171,11 +244,6 @@ def _scatter(n, grad, x, indices):
     out = jnp.zeros((rows, math.prod(x.shape[x.ndim - n:])), g.dtype)
     out = out.at[jnp.arange(rows)[:, None], indices.reshape(rows, outputs)].add(g)
     return out.reshape(x.shape).astype(grad.dtype)
-
-
-@lower(aten.max_pool3d_with_indices_backward)
-def max_pool3d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    return _scatter(3, grad, x, indices)
 
 
 lower(aten.adaptive_max_pool2d_backward)(functools.partial(_scatter, 2))
