@@ -47,9 +47,12 @@ def view(func, args, kwargs):
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
         _view_cache.put(key, specs)
     storage = source._storage
-    if isinstance(specs, list):
-        return [wrap(storage, *spec) for spec in specs]
-    return wrap(storage, *specs)
+    # in inference mode a view of a normal tensor is a normal tensor: autograd then gives it its base's
+    # version counter, which an inference tensor cannot take
+    with torch.inference_mode(torch.is_inference_mode_enabled() and source.is_inference()):
+        if isinstance(specs, list):
+            return [wrap(storage, *spec) for spec in specs]
+        return wrap(storage, *specs)
 
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
