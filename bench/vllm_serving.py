@@ -1,7 +1,8 @@
 """vLLM serving a tiny random Llama (2 layers, d128, head_dim 32, GQA) on neuron against vLLM's own CPU
 platform, in one run: output tokens/s at batch 1 and 8 (prompts of 32 tokens, 32 new tokens each, greedy),
-and time to first token (one 32-token prompt, one new token). Each platform runs in its own process (vLLM
-picks its platform once per process); every shape is run once before it is timed (compiles).
+and time to first token (one 32-token prompt, one new token); best of 3 runs with new prompts each (no
+prefix-cache hits), after one run of the same shapes (compiles). Each platform runs in its own process
+(vLLM picks its platform once per process).
 
     /work/vllm-venv/bin/python -m bench.vllm_serving [--smoke]
 
@@ -18,7 +19,11 @@ import time
 # platform name -> environment of its process (VLLM_PLUGINS names no plugin: vLLM's CPU platform)
 PLATFORMS = {"cpu": {"VLLM_PLUGINS": "none"},
              "neuron eager": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "0"},
-             "neuron adaptive": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "1"}}
+             "neuron adaptive": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "1"},
+             "neuron compiled": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_VLLM_COMPILE": "1"}}
+
+
+REPEATS = 3  # the best of
 
 
 def make_model(path: str) -> None:
@@ -38,13 +43,19 @@ def measure(model: str, new_tokens: int, batches: list) -> dict:
     llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=256, max_num_seqs=max(batches),
               kv_cache_memory_bytes=1 << 22, seed=0)
 
-    def timed(batch, tokens):
-        prompts = [{"prompt_token_ids": [(7 * b + i) % 500 + 3 for i in range(32)]} for b in range(batch)]
+    def run(batch, tokens, seed):
+        # new prompts each run: none is served from vLLM's prefix cache
+        prompts = [{"prompt_token_ids": [(7 * b + 13 * seed + i) % 500 + 3 for i in range(32)]} for b in range(batch)]
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        llm.generate(prompts, params, use_tqdm=False)  # compiles this batch's shapes
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    runs = iter(range(1000))
+
+    def timed(batch, tokens):
+        run(batch, tokens, next(runs))  # compiles this batch's shapes
+        return min(run(batch, tokens, next(runs)) for _ in range(REPEATS))
 
     result = {f"tokens/s, batch {b}": (lambda s, n: n / s)(*timed(b, new_tokens)) for b in batches}
     result["time to first token, ms"] = 1000 * timed(1, 1)[0]

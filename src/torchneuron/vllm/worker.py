@@ -4,6 +4,7 @@ The runner's own buffers (token ids, positions, block tables, sampling state) st
 CPU runner; each step's inputs move to neuron at the model's call and the logits come back for the
 sampler, which runs on the host with vLLM's CPU generators."""
 import contextlib
+import os
 
 import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -18,6 +19,10 @@ class NeuronModelRunner(CPUModelRunner):
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights)
         self.model.to(self.neuron)
+        if os.environ.get("TORCHNEURON_VLLM_COMPILE") == "1":
+            # one program per step shape (token count, metadata shapes): allow many before Dynamo gives up
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self.model.forward = torch.compile(self.model.forward, backend="neuron", dynamic=False)
         compute_logits = self.model.compute_logits
         self.model.compute_logits = lambda hidden_states: _to_host(compute_logits(hidden_states))
 
