@@ -135,3 +135,11 @@ def test_vllm_serve_answers_a_completion(tiny_llama, generated, tmp_path):
             server.kill()
             server.wait()
         log.close()
+
+
+def test_unsupported_features_fail_at_load(tiny_llama):
+    code = (f"from vllm import LLM\nLLM(model={str(tiny_llama[0])!r}, skip_tokenizer_init=True, enable_lora=True, "
+            "max_model_len=256, kv_cache_memory_bytes=1 << 22)")
+    result = _run(["-c", code], 300)
+    assert result.returncode != 0
+    assert "NotImplementedError: vLLM on neuron does not support LoRA" in result.stderr, result.stderr[-3000:]

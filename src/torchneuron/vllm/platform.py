@@ -5,11 +5,8 @@ the model runner moves each step's inputs to neuron and its logits back (worker.
 import contextlib
 
 import torch
-from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
-
-logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "torchneuron.vllm.attention.NeuronAttentionBackend"
 WORKER = "torchneuron.vllm.worker.NeuronWorker"
@@ -52,9 +49,10 @@ class NeuronPlatform(CpuPlatform):
         # the CPU platform's settings hold for the host side; it asserts that the device is the CPU
         with _device_type(vllm_config.device_config, "cpu"):
             super().check_and_update_config(vllm_config)
-        from vllm.config import CompilationMode
+        from vllm.config import CompilationMode  # not at import: vllm.config needs the platform resolved
 
-        # the forward runs in adaptive eager (docs/vllm.md: measured against torch.compile)
+        # vLLM's compilation is Inductor's; the worker runs the forward in adaptive eager, or compiled by the
+        # neuron backend with TORCHNEURON_VLLM_COMPILE=1 (docs/vllm.md)
         vllm_config.compilation_config.mode = CompilationMode.NONE
         vllm_config.model_config.enforce_eager = True
 

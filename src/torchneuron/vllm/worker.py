@@ -13,6 +13,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 class NeuronModelRunner(CPUModelRunner):
     def __init__(self, vllm_config, device):
+        # the runner's device is the host: its buffers stay there (see the module's docstring)
         super().__init__(vllm_config, torch.device("cpu"))
         self.neuron = torch.device("neuron", torch.neuron.current_device())
 
@@ -42,8 +43,10 @@ class NeuronModelRunner(CPUModelRunner):
 
 class NeuronWorker(CPUWorker):
     def init_device(self):
-        super().init_device()
+        super().init_device()  # builds a CPU model runner, replaced: its class is a module global there
         self.model_runner = NeuronModelRunner(self.vllm_config, self.device)
+        if "TORCHNEURON_ADAPTIVE_EAGER" not in os.environ:
+            torch.neuron.set_adaptive_eager(True)  # the measured choice (docs/vllm.md)
 
     def _maybe_get_memory_pool_context(self, tag):
         return contextlib.nullcontext()  # no sleep mode, as on the CPU
