@@ -46,13 +46,18 @@ def view(func, args, kwargs):
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
         _view_cache.put(key, specs)
-    storage = source._storage
-    # in inference mode a view of a normal tensor is a normal tensor: autograd then gives it its base's
-    # version counter, which an inference tensor cannot take
-    with torch.inference_mode(torch.is_inference_mode_enabled() and source.is_inference()):
-        if isinstance(specs, list):
-            return [wrap(storage, *spec) for spec in specs]
-        return wrap(storage, *specs)
+    if torch.is_inference_mode_enabled() and not source.is_inference():
+        # a view of a normal tensor is a normal tensor: autograd gives it its base's version counter, which
+        # an inference tensor (made in inference mode) cannot take
+        with torch.inference_mode(False):
+            return _wrap_views(source._storage, specs)
+    return _wrap_views(source._storage, specs)
+
+
+def _wrap_views(storage, specs):
+    if isinstance(specs, list):
+        return [wrap(storage, *spec) for spec in specs]
+    return wrap(storage, *specs)
 
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
