@@ -22,12 +22,17 @@ def main(model, prompts, max_tokens):
     llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
               kv_cache_memory_bytes=1 << 22, seed=0)
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    greedy = llm.generate(inputs, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    greedy_params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    greedy = llm.generate(inputs, greedy_params)
+    # again: prompts of a full block or more now start from cached blocks (prefill over cached context)
+    cached = llm.generate(inputs, greedy_params)
     sampled = [llm.generate(inputs, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=max_tokens, seed=7,
                                                    ignore_eos=True)) for _ in range(2)]
     print("RESULT " + json.dumps({
         "platform": type(current_platform).__name__,
         "greedy": [list(o.outputs[0].token_ids) for o in greedy],
+        "greedy_cached": [list(o.outputs[0].token_ids) for o in cached],
+        "cached_tokens": [o.num_cached_tokens for o in cached],
         "sampled": [[list(o.outputs[0].token_ids) for o in run] for run in sampled],
         **llm.collective_rpc(describe)[0]}), flush=True)
 

@@ -16,7 +16,9 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install torchneuron[vllm]; docs/vllm.md)")
 
 HERE = pathlib.Path(__file__).parent
-PROMPTS = [[1, 5, 9], list(range(3, 40)), [7, 8, 9, 10, 11, 12, 13], [300] * 20]
+# lengths 3 to 150: the longest fills a KV cache block (128 tokens), which a second run finds cached
+PROMPTS = [[1, 5, 9], list(range(3, 40)), [7, 8, 9, 10, 11, 12, 13], [300] * 20,
+           [(5 * i) % 509 + 2 for i in range(150)]]
 MAX_TOKENS = 8
 
 
@@ -76,6 +78,11 @@ def test_greedy_generation_matches_transformers(tiny_llama, generated):
                                   do_sample=False, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
                                   pad_token_id=0)[0, len(prompt):]
         assert tokens == expected.tolist()
+
+
+def test_prefill_over_cached_blocks_gives_the_same_tokens(generated):
+    assert max(generated["cached_tokens"]) >= 128
+    assert generated["greedy_cached"] == generated["greedy"]
 
 
 def test_seeded_sampling_is_reproducible(generated):
