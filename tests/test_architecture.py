@@ -9,7 +9,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "torchneuron"
 
 # bottom to top; a module may import its own layer and those before it
 LAYERS = ["native", "runtime", "patches", "ops", "eager", "compile", "distributed", "library", "kernels",
-          "profiler", "doctor", "device", "conformance", "__init__", "__main__"]
+          "profiler", "doctor", "device", "conformance", "vllm", "__init__", "__main__"]
 
 
 def _modules() -> dict:

@@ -192,3 +192,12 @@ def test_torch_accelerator_api_reaches_neuron():
     assert torch.accelerator.current_device_index() == 0
     torch.accelerator.set_device_index(0)
     assert torch.get_device_module("neuron") is torch.neuron
+
+
+def test_accelerator_empty_host_cache_once_the_device_is_in_use():
+    # it asked for a C++ host allocator neuron does not register and crashed the process (vLLM calls it at exit)
+    code = ("import torch; x = torch.ones(2, device='neuron'); p = torch.ones(4).pin_memory(); "
+            "torch.accelerator.empty_host_cache(); print(p.is_pinned(), x.sum().item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "2.0"]

@@ -167,3 +167,17 @@ def test_other_tensor_subclasses_over_neuron_tensors_dispatch_first():
     assert isinstance(out, TwoTensor)
     torch.testing.assert_close(out.a.cpu(), a + 1)
     torch.testing.assert_close(out.b.cpu(), b + 1)
+
+
+def test_views_of_normal_tensors_in_inference_mode():
+    # a cache allocated outside inference mode, written through views inside it (vLLM's KV cache)
+    x, y = both(lambda: torch.zeros(4, 6))
+    with torch.inference_mode():
+        for t in (x, y):
+            view = t.view(4, 2, 3)[1:3]
+            view.add_(1)
+            assert not view.is_inference()
+            made = torch.ones(2, 3, device=t.device)
+            made.view(6)[2:4].mul_(5)
+            assert made.is_inference() and made.view(6).is_inference()
+    assert_same(y, x)

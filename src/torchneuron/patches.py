@@ -112,8 +112,9 @@ def tied_parameters_on_conversion() -> None:
 @_patch
 def accelerator_api_routes_to_torch_neuron():
     """torch.accelerator.memory_* read a C++ DeviceAllocator's statistics; neuron's memory is accounted
-    in Python (device buffers are PJRT's). When neuron is the current accelerator these calls go to
-    torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
+    in Python (device buffers are PJRT's), and empty_host_cache asks for a C++ HostAllocator that neuron
+    does not register (it crashed once the device was in use). When neuron is the current accelerator these
+    calls go to torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
     accelerator = torch.accelerator
 
     def route(name):
@@ -130,7 +131,7 @@ def accelerator_api_routes_to_torch_neuron():
         setattr(accelerator, name, routed)
 
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                 "memory_stats", "reset_peak_memory_stats", "empty_cache"):
+                 "memory_stats", "reset_peak_memory_stats", "empty_cache", "empty_host_cache"):
         route(name)
 
 

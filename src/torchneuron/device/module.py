@@ -208,6 +208,11 @@ def empty_cache() -> None:
     `clear_executable_cache`."""
 
 
+def empty_host_cache() -> None:
+    """Nothing to release: pinned host blocks are ordinary host memory, freed when their tensor dies
+    (native/storage.cpp); there is no caching host allocator."""
+
+
 # --- mixed precision -----------------------------------------------------------
 
 

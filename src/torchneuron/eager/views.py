@@ -46,7 +46,15 @@ def view(func, args, kwargs):
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
         _view_cache.put(key, specs)
-    storage = source._storage
+    if torch.is_inference_mode_enabled() and not source.is_inference():
+        # a view of a normal tensor is a normal tensor: autograd gives it its base's version counter, which
+        # an inference tensor (made in inference mode) cannot take
+        with torch.inference_mode(False):
+            return _wrap_views(source._storage, specs)
+    return _wrap_views(source._storage, specs)
+
+
+def _wrap_views(storage, specs):
     if isinstance(specs, list):
         return [wrap(storage, *spec) for spec in specs]
     return wrap(storage, *specs)
