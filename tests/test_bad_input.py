@@ -313,3 +313,30 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         for dtype, value in fills:
             got = torch.zeros(2, dtype=dtype, device="neuron").fill_(value).cpu()
             torch.testing.assert_close(got, torch.zeros(2, dtype=dtype).fill_(value), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.ones(3, device=d).clamp(),
+        lambda d: torch.ones(3, device=d).clamp_(),
+        lambda d: torch.clamp(torch.ones(3, device=d), out=torch.empty(3, device=d)),
+    ],
+    ids=["clamp", "clamp_", "clamp-out"],
+)
+def test_input_a_python_meta_kernel_rejects_raises_the_cpu_kernels_error(bad):
+    """clamp's meta kernel (torch._refs) raises ValueError where the CPU kernel raises RuntimeError."""
+    raises_like_cpu(bad)
+
+
+def test_uint8_masks_warn_they_are_deprecated_as_on_the_cpu():
+    import warnings
+
+    for device in ("cpu", "neuron"):
+        x, mask = torch.arange(4.0, device=device), torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x[mask] = x[mask] * 2
+        deprecated = "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
+        assert [str(w.message).startswith(deprecated) for w in caught] == [True, True], device
+        assert x.tolist() == [0.0, 1.0, 4.0, 3.0]

@@ -118,3 +118,31 @@ def report() -> dict:
 def reset() -> None:
     counts.clear()
     failures.clear()
+
+
+# inputs larger than this are not copied to the CPU just to learn its error message
+_CPU_ERROR_NUMEL = 1 << 20
+
+
+def cpu_error(func, args, kwargs):
+    """The exception the CPU kernel raises for these arguments (meta tensors standing for the inputs, zeros
+    in their place), or None when it accepts them or the inputs are too large to try."""
+    metas = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if sum(m.untyped_storage().nbytes() for m in metas) > _CPU_ERROR_NUMEL * 8:
+        return None
+
+    def on_cpu(value):
+        if isinstance(value, torch.Tensor):
+            storage = torch.zeros(value.untyped_storage().nbytes() // value.element_size(), dtype=value.dtype)
+            return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+        if isinstance(value, torch.device) or value in ("meta", "neuron"):
+            return torch.device("cpu")
+        return value
+
+    cpu_args, cpu_kwargs = tree_map(on_cpu, (args, kwargs))
+    try:
+        func(*cpu_args, **cpu_kwargs)
+    except Exception as error:
+        return error
+    return None
+

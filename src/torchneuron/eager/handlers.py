@@ -1,5 +1,6 @@
 """The handlers of ops that are not plain computations: transfers, host reads, storage changes."""
 import math
+import warnings
 
 import torch
 
@@ -231,6 +232,9 @@ def _masks_to_indices(x, indices):
     expanded = []
     for index in indices:
         if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            if index.dtype == torch.uint8:
+                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                              "instead.", stacklevel=2)
             _check_mask_shape(x, index, len(expanded))
             expanded.extend(aten.nonzero.default(index).unbind(1))
         else:
