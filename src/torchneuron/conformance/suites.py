@@ -26,6 +26,7 @@ import threading
 
 DEVICES = ("cpu", "neuron")
 CRASHED = "crashed"
+TIMED_OUT = 86  # the exit code of a child whose test ran out of time
 _RESULTS_ENV = "TORCHNEURON_SUITE_RESULTS"
 _TIMEOUT_ENV = "TORCHNEURON_SUITE_TEST_TIMEOUT"
 
@@ -60,7 +61,7 @@ def pytest_runtest_logstart(nodeid, location):
 def _kill_after(seconds, path, nodeid):
     def expire():
         _append(path, {"nodeid": nodeid, "outcome": CRASHED, "message": f"timed out after {seconds:.0f}s"})
-        os._exit(3)
+        os._exit(TIMED_OUT)
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
@@ -122,9 +123,11 @@ def run_suite(path, results, pytest_args=(), test_timeout=600.0, progress=None) 
     while True:
         code = subprocess.run(command, env=env, cwd=path.parent, stdout=progress, stderr=subprocess.STDOUT).returncode
         unfinished = _unfinished(_records(results))
-        if code in (0, 1, 5) or not unfinished:  # 5: nothing (left) to collect
+        if unfinished:
+            _append(results, {"nodeid": unfinished, "outcome": CRASHED, "message": f"process died (exit code {code})"})
+        # a test killed its process (a signal, an abort) or ran out of time: go on after it
+        if not (code < 0 or code == TIMED_OUT or unfinished):
             return _records(results)
-        _append(results, {"nodeid": unfinished, "outcome": CRASHED, "message": f"process died (exit code {code})"})
 
 
 def _unfinished(records):
@@ -202,9 +205,10 @@ def _parse(argv):
     parser.add_argument("directory", nargs="?", type=pathlib.Path, help="folder holding the suite files")
     parser.add_argument("--suites", help="comma-separated file names (default: every test_*.py in DIRECTORY)")
     parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("suite_results"),
-                        help="folder for each suite's JSON-lines results and pytest log (a rerun starts them afresh)")
+                        help="folder for each suite's JSON-lines results and pytest log")
     parser.add_argument("--from", dest="sources", nargs="+", type=pathlib.Path, metavar="JSONL",
                         help="report saved results instead of running")
+    parser.add_argument("--resume", action="store_true", help="keep the tests already in the results, run the rest")
     parser.add_argument("--test-timeout", type=float, default=600.0, help="seconds one test may run")
     parser.add_argument("--all-causes", action="store_true", help="list every failing test, not a few per cause")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (deselect tests too big for the machine)")
@@ -225,8 +229,9 @@ def main(argv=None) -> int:
     pytest_args = ["-k", options.keyword] if options.keyword else []
     for name in names:
         results = options.results / f"{name}.jsonl"
-        results.unlink(missing_ok=True)
-        with open(options.results / f"{name}.log", "w") as log:
+        if not options.resume:
+            results.unlink(missing_ok=True)
+        with open(options.results / f"{name}.log", "a" if options.resume else "w") as log:
             records = run_suite(options.directory.resolve() / name, results.resolve(), pytest_args,
                                 options.test_timeout, progress=log)
         print(report(name, compare(records), examples), flush=True)

@@ -3,6 +3,7 @@ import math
 import warnings
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from ..ops.rules import rule
 from ..runtime import storage, transfer
@@ -125,9 +126,13 @@ def resize_(func, args, kwargs):
     from .views import reset_view
 
     tensor, size = args[0], tuple(args[1])
-    if size == tuple(tensor.shape):
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if size == tuple(tensor.shape) and memory_format is None:
         return tensor  # as on the CPU: an out= tensor of the right size keeps its strides
-    strides = contiguous_strides(size)
+    if memory_format is None:
+        strides = contiguous_strides(size)
+    else:  # the CPU restrides to the format even when the size is unchanged
+        strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
     offset = tensor.storage_offset()
     needed = storage_extent(size, strides, offset)
     storage = tensor._storage
@@ -139,7 +144,11 @@ def resize_(func, args, kwargs):
 
 @handles(aten.resize_as_.default)
 def resize_as_(func, args, kwargs):
-    return resize_(aten.resize_.default, (args[0], args[1].shape), {})
+    tensor, template = args[:2]
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        memory_format = suggest_memory_format(template)
+    return resize_(aten.resize_.default, (tensor, template.shape, memory_format), {})
 
 
 @handles(aten.set_.source_Tensor)
