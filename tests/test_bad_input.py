@@ -321,11 +321,14 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.ones(3, device=d).clamp(),
         lambda d: torch.ones(3, device=d).clamp_(),
         lambda d: torch.clamp(torch.ones(3, device=d), out=torch.empty(3, device=d)),
+        lambda d: torch.sub(torch.ones(3, dtype=torch.int32, device=d), 1, alpha=1.5),
+        lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), True, alpha=1.5),
     ],
-    ids=["clamp", "clamp_", "clamp-out"],
+    ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha"],
 )
-def test_input_a_python_meta_kernel_rejects_raises_the_cpu_kernels_error(bad):
-    """clamp's meta kernel (torch._refs) raises ValueError where the CPU kernel raises RuntimeError."""
+def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
+    """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
+    RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans)."""
     raises_like_cpu(bad)
 
 
