@@ -12,6 +12,7 @@ from torchneuron.conformance import suites
     [
         ("s.py::TestFooCPU::test_bar_cpu_float32", "s.py::TestFoo::test_bar_float32", "cpu"),
         ("s.py::TestFooPRIVATEUSE1::test_bar_neuron_float32", "s.py::TestFoo::test_bar_float32", "neuron"),
+        ("s.py::TestFooNEURON::test_bar_neuron", "s.py::TestFoo::test_bar", "neuron"),
         ("s.py::TestFooCPU::test_cpu_indices_cpu", "s.py::TestFoo::test_cpu_indices", "cpu"),
         ("s.py::TestFooPRIVATEUSE1::test_neuron_x_neuron", "s.py::TestFoo::test_neuron_x", "neuron"),
         ("s.py::TestFooMETA::test_bar_meta", None, None),

@@ -142,11 +142,13 @@ def _unfinished(records):
 def test_key(nodeid):
     """(generic test id, device) from a node id such as `f.py::TestFooCPU::test_bar_cpu_float32`."""
     file, cls, name = (nodeid.split("::") + ["", ""])[:3]
-    device = "cpu" if cls.endswith("CPU") else "neuron" if cls.endswith("PRIVATEUSE1") else None
-    if device is None:
+    # a file's first instantiation names PrivateUse1 classes ...PRIVATEUSE1, later ones by the backend's name
+    suffix = re.search(r"(CPU|PRIVATEUSE1|NEURON)$", cls)
+    if suffix is None:
         return None, None
-    generic_cls = cls.removesuffix("CPU").removesuffix("PRIVATEUSE1")
-    token = "cpu" if device == "cpu" else "neuron"
+    device = "cpu" if suffix.group() == "CPU" else "neuron"
+    generic_cls = cls[: suffix.start()]
+    token = device
     generic_name = re.sub(rf"_{token}(?=(_|$))(?!.*_{token}(_|$))", "", name)
     return f"{file}::{generic_cls}::{generic_name}", device
 
