@@ -343,3 +343,18 @@ def test_uint8_masks_warn_they_are_deprecated_as_on_the_cpu():
         deprecated = "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
         assert [str(w.message).startswith(deprecated) for w in caught] == [True, True], device
         assert x.tolist() == [0.0, 1.0, 4.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: _set(torch.ones(5, 2, dtype=torch.float64, device=d), (slice(None), [1]),
+                       torch.zeros(5, 1, dtype=torch.int32, device=d)),
+        lambda d: torch.ones(3, device=d).index_put_((_t([1], d),), _t([1.0], d, dtype=torch.float64)),
+        lambda d: torch.ones(3, device=d).index_put((_t([1], d),), _t([1], d), accumulate=True),
+    ],
+    ids=["setitem", "index_put_", "index_put-accumulate"],
+)
+def test_index_put_of_values_of_another_dtype_raises_as_on_the_cpu(bad):
+    raises_like_cpu(bad)
+

@@ -5,6 +5,7 @@ import warnings
 import torch
 from torch._prims_common import suggest_memory_format
 
+from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
 from ..runtime.layout import contiguous_strides, storage_extent
@@ -298,6 +299,12 @@ def index(func, args, kwargs):
 @handles(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def index_put(func, args, kwargs):
     x, indices, *rest = args
+    values = rest[0] if rest else kwargs["values"]
+    if values.dtype != x.dtype:  # the decomposition would cast them; the CPU kernel refuses
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got {scalar_type_name(x.dtype)} for the "
+            f"destination and {scalar_type_name(values.dtype)} for the source."
+        )
     indices = _indices_on_device(x, indices)
     if _has_mask(indices):
         indices = _masks_to_indices(x, indices)
