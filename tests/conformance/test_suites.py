@@ -36,10 +36,12 @@ def test_the_share_counts_cpu_passing_tests_that_run_on_neuron_and_groups_failur
         _record("TCPU", "test_d_cpu", "passed"), _record("TPRIVATEUSE1", "test_d_neuron", "skipped"),
         _record("TCPU", "test_e_cpu", "failed"), _record("TPRIVATEUSE1", "test_e_neuron", "failed", "x"),
         _record("TCPU", "test_f_cpu", "xfailed"), _record("TPRIVATEUSE1", "test_f_neuron", "xfailed"),
+        _record("TCPU", "test_g_cpu", "passed"),
     ]
     summary = suites.compare(records)
-    assert (summary["cpu_passing"], summary["counted"], summary["neuron_passing"]) == (5, 4, 2)
+    assert (summary["cpu_passing"], summary["counted"], summary["neuron_passing"]) == (6, 4, 2)
     assert summary["skipped_on_neuron"] == ["s.py::T::test_d"]
+    assert summary["not_run_on_neuron"] == ["s.py::T::test_g"]
     assert summary["causes"] == {"IndexError: index N is out of bounds": ["s.py::T::test_b", "s.py::T::test_c"]}
     assert suites.share(summary) == "50.0%"
 

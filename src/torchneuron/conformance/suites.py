@@ -2,7 +2,7 @@
 
     python -m torchneuron.conformance.suites DIR                      # every test_*.py in DIR
     python -m torchneuron.conformance.suites DIR --suites test_indexing.py -k "not large_tensor"
-    python -m torchneuron.conformance.suites --from results/test_indexing.py.jsonl
+    python -m torchneuron.conformance.suites --from results/*.jsonl rerun/*.jsonl   # later outcomes win
 
 The suite files are not in the torch wheel: copy them from PyTorch's `test/` folder (a version whose imports
 work with the installed torch). Each suite instantiates its tests for the CPU and for PrivateUse1 (`neuron`)
@@ -168,14 +168,15 @@ def compare(records) -> dict:
             outcomes[key][device] = record["outcome"]
             messages[(key, device)] = record.get("message", "")
     cpu_passing = [k for k, o in outcomes.items() if o.get("cpu") in PASSING]
-    skipped = sorted(k for k in cpu_passing if outcomes[k].get("neuron") in ("skipped", None))
-    counted = [k for k in cpu_passing if k not in skipped]
+    skipped = sorted(k for k in cpu_passing if outcomes[k].get("neuron") == "skipped")
+    not_run = sorted(k for k in cpu_passing if "neuron" not in outcomes[k])  # the run was cut short
+    counted = [k for k in cpu_passing if k not in skipped and k not in not_run]
     failing = sorted(k for k in counted if outcomes[k]["neuron"] not in PASSING)
     causes = collections.defaultdict(list)
     for key in failing:
         causes[cause(messages[(key, "neuron")])].append(key)
     return {"cpu_passing": len(cpu_passing), "counted": len(counted), "neuron_passing": len(counted) - len(failing),
-            "skipped_on_neuron": skipped, "causes": dict(sorted(causes.items(), key=lambda c: -len(c[1])))}
+            "skipped_on_neuron": skipped, "not_run_on_neuron": not_run, "causes": dict(sorted(causes.items(), key=lambda c: -len(c[1])))}
 
 
 def cause(message) -> str:
@@ -193,8 +194,9 @@ def share(summary) -> str:
 
 def report(name, summary, examples=3) -> str:
     lines = [f"{name}: {summary['neuron_passing']}/{summary['counted']} CPU-passing tests pass on neuron "
-             f"({share(summary)}); {len(summary['skipped_on_neuron'])} more skipped on neuron "
-             f"(of {summary['cpu_passing']} passing on the CPU)"]
+             f"({share(summary)}); of the {summary['cpu_passing']} passing on the CPU, "
+             f"{len(summary['skipped_on_neuron'])} skip on neuron"
+             + (f", {len(summary['not_run_on_neuron'])} were not run on neuron" if summary["not_run_on_neuron"] else "")]
     for reason, keys in summary["causes"].items():
         names = ", ".join(k.split("::")[-1] for k in keys[:examples]) + (", ..." if len(keys) > examples else "")
         lines.append(f"  {len(keys):4d}  {reason}\n        {names}")
@@ -221,8 +223,12 @@ def main(argv=None) -> int:
     options = _parse(argv)
     examples = 10**6 if options.all_causes else 3
     if options.sources:
+        # files of one suite (a rerun of some of its tests, say) are read in order: a later outcome wins
+        by_suite = collections.defaultdict(list)
         for source in options.sources:
-            print(report(source.name.removesuffix(".jsonl"), compare(_records(source)), examples))
+            by_suite[source.name.removesuffix(".jsonl")] += _records(source)
+        for name, records in by_suite.items():
+            print(report(name, compare(records), examples))
         return 0
     if options.directory is None:
         raise SystemExit("give the folder holding the suite files, or --from saved results")
