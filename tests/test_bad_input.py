@@ -358,3 +358,17 @@ def test_uint8_masks_warn_they_are_deprecated_as_on_the_cpu():
 def test_index_put_of_values_of_another_dtype_raises_as_on_the_cpu(bad):
     raises_like_cpu(bad)
 
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: torch.nonzero(torch.ones(3, device="neuron"), out=torch.empty(0, dtype=torch.long)),
+        lambda: torch.masked_select(_x("neuron"), _x("neuron") > 0, out=torch.empty(0)),
+    ],
+    ids=["nonzero", "masked_select"],
+)
+def test_a_cpu_out_tensor_for_a_data_dependent_op_raises(bad):
+    """As on CUDA: the result is not copied to another device behind the user's back."""
+    with pytest.raises(RuntimeError, match="on the same device"):
+        bad()
+
