@@ -313,3 +313,62 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         for dtype, value in fills:
             got = torch.zeros(2, dtype=dtype, device="neuron").fill_(value).cpu()
             torch.testing.assert_close(got, torch.zeros(2, dtype=dtype).fill_(value), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.ones(3, device=d).clamp(),
+        lambda d: torch.ones(3, device=d).clamp_(),
+        lambda d: torch.clamp(torch.ones(3, device=d), out=torch.empty(3, device=d)),
+        lambda d: torch.sub(torch.ones(3, dtype=torch.int32, device=d), 1, alpha=1.5),
+        lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), True, alpha=1.5),
+    ],
+    ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha"],
+)
+def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
+    """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
+    RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans)."""
+    raises_like_cpu(bad)
+
+
+def test_uint8_masks_warn_they_are_deprecated_as_on_the_cpu():
+    import warnings
+
+    for device in ("cpu", "neuron"):
+        x, mask = torch.arange(4.0, device=device), torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x[mask] = x[mask] * 2
+        deprecated = "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
+        assert [str(w.message).startswith(deprecated) for w in caught] == [True, True], device
+        assert x.tolist() == [0.0, 1.0, 4.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: _set(torch.ones(5, 2, dtype=torch.float64, device=d), (slice(None), [1]),
+                       torch.zeros(5, 1, dtype=torch.int32, device=d)),
+        lambda d: torch.ones(3, device=d).index_put_((_t([1], d),), _t([1.0], d, dtype=torch.float64)),
+        lambda d: torch.ones(3, device=d).index_put((_t([1], d),), _t([1], d), accumulate=True),
+    ],
+    ids=["setitem", "index_put_", "index_put-accumulate"],
+)
+def test_index_put_of_values_of_another_dtype_raises_as_on_the_cpu(bad):
+    raises_like_cpu(bad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: torch.nonzero(torch.ones(3, device="neuron"), out=torch.empty(0, dtype=torch.long)),
+        lambda: torch.masked_select(_x("neuron"), _x("neuron") > 0, out=torch.empty(0)),
+    ],
+    ids=["nonzero", "masked_select"],
+)
+def test_a_cpu_out_tensor_for_a_data_dependent_op_raises(bad):
+    """As on CUDA: the result is not copied to another device behind the user's back."""
+    with pytest.raises(RuntimeError, match="on the same device"):
+        bad()
+

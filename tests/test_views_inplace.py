@@ -126,6 +126,24 @@ def test_resize_and_set():
     assert y.cpu().eq(1).all()
 
 
+@pytest.mark.parametrize(
+    "resize",
+    [
+        lambda t: t.resize_(2, 3, 4, 5, memory_format=torch.channels_last),
+        lambda t: t.resize_(2, 3, 4, 5).resize_(2, 3, 4, 5, memory_format=torch.channels_last),
+        lambda t: t.resize_(2, 3, 4, 5, 6, memory_format=torch.channels_last_3d),
+        lambda t: t.resize_as_(torch.empty(2, 3, 4, 5, device=t.device, memory_format=torch.channels_last),
+                               memory_format=torch.preserve_format),
+        lambda t: t.resize_as_(torch.empty(2, 3, 4, 5, device=t.device, memory_format=torch.channels_last)),
+    ],
+    ids=["channels_last", "same-size", "channels_last_3d", "as-preserve", "as-default"],
+)
+def test_resize_takes_the_memory_format_as_on_the_cpu(resize):
+    results = {d: resize(torch.arange(720.0, device=d)) for d in ("cpu", "neuron")}
+    assert results["neuron"].stride() == results["cpu"].stride()
+    assert_same(results["neuron"], results["cpu"])
+
+
 def test_copy_between_dtypes_and_devices():
     src = torch.randn(3, 4)
     dst = torch.zeros(3, 4, dtype=torch.float64, device="neuron")

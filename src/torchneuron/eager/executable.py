@@ -129,7 +129,12 @@ class Executable:
         rule = op.rule
         if op.drop_kwargs:
             out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
-        meta_out = rule.meta(*meta_args, **meta_kwargs)
+        try:
+            meta_out = rule.meta(*meta_args, **meta_kwargs)
+        except Exception as error:
+            # a meta kernel written in Python (torch._refs) may reject bad input with another error than the
+            # CPU kernel's: the user gets the CPU's
+            raise fallback.cpu_error(rule.op, meta_args, meta_kwargs) or error from None
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
         mutated = []

@@ -118,3 +118,37 @@ def report() -> dict:
 def reset() -> None:
     counts.clear()
     failures.clear()
+
+
+# inputs larger than this are not copied to the CPU just to learn its error message
+_CPU_ERROR_BYTES = 8 << 20
+
+
+def on_cpu_zeros(func, args, kwargs, dtypes=None):
+    """`func` run on the CPU with zeros standing for each tensor argument (its shape, strides and dtype, or
+    the dtype `dtypes` gives for its id): what the CPU kernel says of arguments like these."""
+    dtypes = dtypes or {}
+
+    def zeros(value):
+        if isinstance(value, torch.Tensor):
+            dtype = dtypes.get(id(value), value.dtype)
+            storage = torch.zeros(value.untyped_storage().nbytes() // value.element_size(), dtype=dtype)
+            return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+        if isinstance(value, torch.device) or value in ("meta", "neuron"):
+            return torch.device("cpu")
+        return value
+
+    return func(*tree_map(zeros, args), **tree_map(zeros, kwargs))
+
+
+def cpu_error(func, args, kwargs):
+    """The exception the CPU kernel raises for these arguments (zeros in place of the tensors), or None when
+    it accepts them or they are too large to try."""
+    tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if sum(t.untyped_storage().nbytes() for t in tensors) > _CPU_ERROR_BYTES:
+        return None
+    try:
+        on_cpu_zeros(func, args, kwargs)
+    except Exception as error:
+        return error
+    return None

@@ -1,8 +1,11 @@
 """The handlers of ops that are not plain computations: transfers, host reads, storage changes."""
 import math
+import warnings
 
 import torch
+from torch._prims_common import suggest_memory_format
 
+from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
 from ..runtime.layout import contiguous_strides, storage_extent
@@ -124,9 +127,13 @@ def resize_(func, args, kwargs):
     from .views import reset_view
 
     tensor, size = args[0], tuple(args[1])
-    if size == tuple(tensor.shape):
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if size == tuple(tensor.shape) and memory_format is None:
         return tensor  # as on the CPU: an out= tensor of the right size keeps its strides
-    strides = contiguous_strides(size)
+    if memory_format is None:
+        strides = contiguous_strides(size)
+    else:  # the CPU restrides to the format even when the size is unchanged
+        strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
     offset = tensor.storage_offset()
     needed = storage_extent(size, strides, offset)
     storage = tensor._storage
@@ -138,7 +145,11 @@ def resize_(func, args, kwargs):
 
 @handles(aten.resize_as_.default)
 def resize_as_(func, args, kwargs):
-    return resize_(aten.resize_.default, (args[0], args[1].shape), {})
+    tensor, template = args[:2]
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        memory_format = suggest_memory_format(template)
+    return resize_(aten.resize_.default, (tensor, template.shape, memory_format), {})
 
 
 @handles(aten.set_.source_Tensor)
@@ -218,6 +229,11 @@ def _data_dependent_out(func, args, kwargs):
     op = rule(func)
     names = op.mutated
     outs = [kwargs[name] for name in names]
+    inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+    for out in (o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)):
+        if inputs and out.device != inputs[0].device:  # the copy into it would move the result silently
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{inputs[0].device} and {out.device}!")
     results = data_dependent(op.target, args, {k: v for k, v in kwargs.items() if k not in names})
     results = results if isinstance(results, (tuple, list)) else [results]
     out_dtypes.check(func, args, kwargs, [r.dtype for r in results])
@@ -231,6 +247,9 @@ def _masks_to_indices(x, indices):
     expanded = []
     for index in indices:
         if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            if index.dtype == torch.uint8:
+                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                              "instead.", stacklevel=2)
             _check_mask_shape(x, index, len(expanded))
             expanded.extend(aten.nonzero.default(index).unbind(1))
         else:
@@ -285,6 +304,12 @@ def index(func, args, kwargs):
 @handles(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def index_put(func, args, kwargs):
     x, indices, *rest = args
+    values = rest[0] if rest else kwargs["values"]
+    if values.dtype != x.dtype:  # the decomposition would cast them; the CPU kernel refuses
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got {scalar_type_name(x.dtype)} for the "
+            f"destination and {scalar_type_name(values.dtype)} for the source."
+        )
     indices = _indices_on_device(x, indices)
     if _has_mask(indices):
         indices = _masks_to_indices(x, indices)

@@ -10,9 +10,8 @@ pays for it, and each signature asks once (its executable is then cached).
 import warnings
 
 import torch
-from torch.utils._pytree import tree_map
-
 from ..ops import registry
+from . import fallback
 
 
 def outs(func, kwargs) -> list:
@@ -52,15 +51,6 @@ def _tensors(value) -> list:
 
 
 def _on_cpu(func, args, kwargs, out_dtypes: dict) -> None:
-    out_ids = {id(o) for o in outs(func, kwargs)}
-
-    def zeros(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if id(t) in out_ids:
-            return torch.empty_strided(t.shape, t.stride(), dtype=out_dtypes.get(id(t), t.dtype))
-        return torch.zeros(t.shape, dtype=t.dtype)
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an out= resize warns; the real call does that
-        func(*tree_map(zeros, args), **tree_map(zeros, kwargs))
+        fallback.on_cpu_zeros(func, args, kwargs, out_dtypes)

@@ -126,7 +126,13 @@ _register_all(
 )
 
 
-@lower(aten.add.Tensor, aten.add.Scalar)
+def _check_alpha(x, y, *, alpha=1):
+    """PyTorch's meta kernel lets a float alpha through for boolean tensors; its CPU kernel does not."""
+    if isinstance(alpha, float) and torch.result_type(x, y) == torch.bool:
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+
+
+@lower(aten.add.Tensor, aten.add.Scalar, meta=checked_meta(_check_alpha, aten.add))
 def add(x, y, *, alpha=1):
     (x, y), result = promote(x, y)
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1):
