@@ -10,6 +10,7 @@ from jax import lax
 from ..runtime.dtypes import to_torch
 from . import checks
 from .rules import vjp
+from .pooling import window_slice
 from .promotion import cast, opmath
 from .registry import META, lower, meta_like_input
 
@@ -382,8 +383,7 @@ def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
     acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
     shares = []
     for offset in np.ndindex(*kernel):
-        starts = [i * d for i, d in zip(offset, dilation)]
-        limits = [start + (o - 1) * s + 1 for start, o, s in zip(starts, out, stride)]
+        starts, limits = window_slice(offset, dilation, out, stride)
         window = lax.slice(padded, (0, 0, *starts), (batch, cin, *limits), (1, 1, *stride))
         window = window.reshape(batch, groups, cin // groups, -1)
         # contract batch and positions, groups as the batch of the product: (groups, cout/groups, cin/groups)

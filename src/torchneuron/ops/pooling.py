@@ -169,6 +169,14 @@ def fractional_max_pool(x, kernel_size, output_size, random_samples):
 # of a small CNN.
 
 
+def window_slice(offset, dilation, out_sizes, stride):
+    """The strided slice (starts, limits per spatial dim) of a padded input that a sliding window's element
+    at `offset` reads, one element per output position (max pools here, convolution weight gradients)."""
+    starts = [i * d for i, d in zip(offset, dilation)]
+    limits = [start + (o - 1) * s + 1 for start, o, s in zip(starts, out_sizes, stride)]
+    return starts, limits
+
+
 def _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode):
     """Each window offset, in PyTorch's scan order: its strided slice of the padded input (start, limit,
     stride per spatial dim), the input position it reads for every output (flat, as PyTorch's indices),
@@ -186,8 +194,7 @@ def _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode):
         grid = np.ix_(*positions)
         flat = sum(g * math.prod(spatial[d + 1:]) for d, g in enumerate(grid))
         inside = functools.reduce(np.logical_and, [(g >= 0) & (g < length) for g, length in zip(grid, spatial)])
-        starts = [i * d for i, d in zip(offset, dilation)]
-        limits = [start + (o - 1) * s + 1 for start, o, s in zip(starts, outs, stride)]
+        starts, limits = window_slice(offset, dilation, outs, stride)
         offsets.append((starts, limits, stride, flat, inside))
     return offsets, pads
 
