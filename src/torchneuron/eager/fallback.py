@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_map
 
 from ..ops.registry import mutated_arguments
 from ..runtime import events
+from ..runtime.layout import storage_extent
 from ..runtime.tensor import NeuronTensor
 
 counts = collections.Counter()
@@ -132,8 +133,9 @@ def on_cpu_zeros(func, args, kwargs, dtypes=None):
     def zeros(value):
         if isinstance(value, torch.Tensor):
             dtype = dtypes.get(id(value), value.dtype)
-            storage = torch.zeros(value.untyped_storage().nbytes() // value.element_size(), dtype=dtype)
-            return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+            # the view's own extent: a small view of a large storage costs its size, not the storage's
+            return torch.zeros(storage_extent(value.shape, value.stride()), dtype=dtype).as_strided(
+                value.shape, value.stride())
         if isinstance(value, torch.device) or value in ("meta", "neuron"):
             return torch.device("cpu")
         return value
