@@ -56,8 +56,11 @@ def test_kernel_op_trains_as_the_cpu_reference(mode, dtype):
         fn = torch.compile(fn, backend="neuron")
     fused_before = adaptive.stats()["ops_fused"]
     with fallback.as_error(), torch.neuron.adaptive_eager(mode == "adaptive"):
-        fn(xn).backward()
-        y = softmax(xn.detach())
+        # adaptive: queued once its executables have run, fused from the queue's second sighting
+        for _ in range(3 if mode == "adaptive" else 1):
+            xn.grad = None
+            fn(xn).backward()
+            y = softmax(xn.detach())
     tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(y.cpu(), expected, **tol)
     torch.testing.assert_close(xn.grad.cpu(), expected_grad, **tol)

@@ -7,9 +7,11 @@ compile are known good) is recorded instead of run: its outputs become
 a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
 fallback, `torch.neuron.synchronize()`), an op that donates buffers, a loop
 boundary (the recording thread changing, an optimizer step, the queue starting
-over) or the queue reaching its limit runs the queue: the queued programs are
-traced into one function, keyed by the queue's structure, so the second iteration of a
-loop replays a cached fused executable. Only values some live storage still
+over) or the queue reaching its limit runs the queue. The first time a queue's
+structure is seen its ops run one by one through their compiled executables;
+when the same structure comes round again (the next iteration of a loop) the
+queued programs are traced into one function, compiled once and cached by that
+structure, so later iterations run one fused executable each. Only values some live storage still
 holds are returned; XLA drops the rest. Op order, random numbers and errors
 are those of op-by-op eager (each op traces the same program; meta errors are
 raised at the op, before it is queued); XLA may fuse arithmetic across ops, so
@@ -47,6 +49,8 @@ class Queue:
         self.ops_fused = 0
         self.values_kept = 0
         self.replays = 0
+        self.first_sightings = 0
+        self._sighted = {}  # structure key -> None, oldest first: the structures run once, op by op
         self._run = self.flush  # one bound method for every Pending
         self._reset()
 
@@ -100,6 +104,16 @@ class Queue:
         loop which never reads a value (nor steps an optimizer) is cut at the same op in every iteration."""
         return len(self.ops) >= self.limit // 2 and executable is self.ops[0][0]
 
+    def _first_sighting(self, key) -> bool:
+        """Whether the queue's structure is new; remembers it (boundedly) if so."""
+        if key in self._sighted:
+            del self._sighted[key]  # the fused program compiled now lives in fused_cache
+            return False
+        if len(self._sighted) >= fused_cache.capacity:
+            del self._sighted[next(iter(self._sighted))]
+        self._sighted[key] = None
+        return True
+
     def _new_external(self, value) -> int:
         self.externals.append(value)
         self.external_values.append(self.n_values)
@@ -118,19 +132,26 @@ class Queue:
             n_values, external_values = self.n_values, self.external_values
             self._reset()
             self.flushes += 1
-            self.ops_fused += len(ops)
             self.values_kept += len(live)
             fused = fused_cache.get(key)
-            if fused is None:
-                # placed explicitly, as eager executables are (results may depend on no input buffer)
-                placed = SingleDeviceSharding(jax_device(device_index))
-                fused = jax.jit(_fused_program(ops, n_values, external_values, kept), out_shardings=placed)
-                fused_cache.put(key, fused)
-            try:
-                results = events.flush(fused, externals, len(ops), device_index) if events.listening else fused(*externals)
-            except Exception:
-                self.replays += 1
-                results = _replay(ops, n_values, external_values, externals, kept)
+            if fused is None and self._first_sighting(key):
+                # a structure seen once may never come back (a test, a loop whose shapes change each
+                # iteration): its ops run through their compiled executables, and only a structure
+                # that recurs pays for compiling a fused program
+                self.first_sightings += 1
+                results = _replay(ops, n_values, external_values, externals, kept, device_index)
+            else:
+                if fused is None:
+                    # placed explicitly, as eager executables are (results may depend on no input buffer)
+                    placed = SingleDeviceSharding(jax_device(device_index))
+                    fused = jax.jit(_fused_program(ops, n_values, external_values, kept), out_shardings=placed)
+                    fused_cache.put(key, fused)
+                try:
+                    results = events.flush(fused, externals, len(ops), device_index) if events.listening else fused(*externals)
+                    self.ops_fused += len(ops)
+                except Exception:
+                    self.replays += 1
+                    results = _replay(ops, n_values, external_values, externals, kept, device_index)
             for pending, array in zip(live, results):
                 pending.array = array
             if results:
@@ -158,9 +179,12 @@ def _fused_program(ops, n_values, external_values, kept):
     return fused
 
 
-def _replay(ops, n_values, external_values, externals, kept):
+def _replay(ops, n_values, external_values, externals, kept, device_index):
     """The queue op by op, each through its own (already compiled) executable."""
-    return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.compiled(*args))
+    if not events.listening:
+        return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.compiled(*args))
+    return events.flush_op_by_op(_evaluate, (ops, n_values, external_values, externals, kept, events.launch),
+                                 len(ops), len(externals), device_index)
 
 
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
@@ -235,6 +259,7 @@ def stats() -> dict:
         "ops_fused": queue.ops_fused,
         "values_kept": queue.values_kept,
         "replays": queue.replays,
+        "first_sightings": queue.first_sightings,
         "fused_cache": fused_cache.stats(),
     }
 

@@ -46,7 +46,7 @@ class Collector:
         self.recompiles = []  # (op or graph, cause, call site, optimizer steps taken before it)
         self.fallbacks = collections.Counter()  # (op, call site) -> calls
         self.transfers = collections.defaultdict(lambda: [0, 0, 0])  # direction -> [count, bytes, ns]
-        self.flushes = collections.Counter()  # flushes, ops, compiles
+        self.flushes = collections.Counter()  # flushes, ops, compiles, op by op
         self.timeline = []  # (seconds since start, bytes allocated on all devices)
         self.live = {}  # id(storage) -> (bytes, device, dtype, call site)
         self.peak = 0
@@ -111,6 +111,7 @@ class Collector:
             self.flushes["flushes"] += 1
             self.flushes["ops"] += details["ops"]
             self.flushes["compiles"] += details["cache"] == "miss"
+            self.flushes["op by op"] += details["cache"] == "op by op"
 
     def instant(self, kind, name, details):
         if kind == "alloc":

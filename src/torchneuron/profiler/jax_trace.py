@@ -10,7 +10,6 @@ import glob
 import os
 import shutil
 import tempfile
-import time
 
 import jax
 from torch._C._profiler import _RecordFunctionFast

@@ -67,7 +67,7 @@ def sections(s: dict) -> list:
                for nbytes, device, dtype, site in s["largest"]]
     transfers = [(d, n, _bytes(b), _ms(ns)) for d, n, b, ns in s["transfers"]]
     flushes = s["flushes"]
-    flush_rows = [(flushes.get("flushes", 0), flushes.get("ops", 0), flushes.get("compiles", 0))] if flushes else []
+    flush_rows = [tuple(flushes.get(k, 0) for k in ("flushes", "op by op", "ops", "compiles"))] if flushes else []
     return [
         ("CPU fallbacks (ops without a neuron lowering: each call copies its tensors to the host and back)",
          ("op", "calls", "first call site"), fallback_rows, "none"),
@@ -81,7 +81,7 @@ def sections(s: dict) -> list:
          [(name, n, _ms(ns), _ms(most)) for name, n, ns, most in s["programs"][:TOP]], "none"),
         ("Compilations (first runs: trace + XLA compile)", ("op or graph", "compiles", "total"),
          [(name, n, _ms(ns)) for name, n, ns in s["compiles"][:TOP]], "none"),
-        ("Adaptive eager", ("fused runs", "ops fused", "fused programs compiled"), flush_rows, "not used"),
+        ("Adaptive eager", ("queue runs", "of which op by op (a new structure)", "ops", "fused programs compiled"), flush_rows, "not used"),
         ("Transfers", ("direction", "count", "bytes", "time"), transfers, "none"),
         (f"Memory: peak {_bytes(s['peak'])}; largest live tensors at the peak", ("bytes", "dtype", "device",
          "allocated at"), largest, "no neuron memory allocated"),

@@ -9,7 +9,8 @@ record_function range under the ATen op that caused it:
     neuron::execute          waiting for the device to finish it: its device time
     neuron::transfer_h2d/_d2h/_d2d   a transfer, with its bytes (record_shapes=True shows them)
     neuron::cpu_fallback     an op run on the CPU
-    neuron::adaptive_flush   adaptive eager's fused program, with its op count
+    neuron::adaptive_flush   adaptive eager's run of its queue (fused, or op by op the first time a
+                             structure is seen), with its op count
     neuron::graph_compile    a torch.compile graph compiled or loaded from the disk cache
 
 so `key_averages()` sums them. Executables are waited for while a session runs, so their device time is

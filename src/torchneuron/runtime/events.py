@@ -13,7 +13,7 @@ and may set `wants_device_time`: executables are then waited for, in a nested "e
 Kinds: "op" (one ATen call on neuron tensors, name the OpOverload), "compile" (an executable's first
 run: trace and XLA compile), "launch" (a cached executable's run), "execute" (waiting for the device
 to finish it: only where a listener sets `wants_device_time`), "graph_compile", "transfer",
-"fallback", "flush" (adaptive eager's fused run), "signature" (a new executable for an op or graph,
+"fallback", "flush" (adaptive eager's run of its queue: fused, or op by op for a new structure), "signature" (a new executable for an op or graph,
 details["key"] its signature), "alloc" and "free" (name: the Storage).
 """
 import jax
@@ -106,6 +106,13 @@ def flush(fused, externals, n_ops: int, device_index: int):
     cache = "hit" if fused._cache_size() else "miss"
     details = {"ops": n_ops, "inputs": len(externals), "cache": cache, "device": device_index}
     return span("flush", fused.__name__, _run_and_wait, (fused, externals, fused.__name__, device_index), details)
+
+
+def flush_op_by_op(evaluate, args, n_ops: int, n_inputs: int, device_index: int):
+    """Adaptive eager runs a queue whose structure is new op by op, `evaluate(*args)`: each op's launch
+    nests inside."""
+    details = {"ops": n_ops, "inputs": n_inputs, "cache": "op by op", "device": device_index}
+    return span("flush", "adaptive_eager_op_by_op", evaluate, args, details)
 
 
 def graph_compile(fn, args, name, cache_hit: bool):
