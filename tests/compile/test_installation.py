@@ -65,3 +65,24 @@ def test_second_process_loads_executables_from_disk(tmp_path):
     for kind in ("graphs", "xla"):
         versions = os.listdir(os.path.join(tmp_path, kind))
         assert len(versions) == 1 and "torch-" in versions[0] and "jaxlib-" in versions[0]
+
+
+def _sizes(directory):
+    return {entry.name: entry.stat().st_size for entry in os.scandir(directory)}
+
+
+def test_a_process_exiting_trims_the_cache_to_its_bound_oldest_first(tmp_path):
+    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path)}
+    _run(TRAIN_STEP, env)
+    (versions,) = os.listdir(tmp_path / "xla")
+    xla = tmp_path / "xla" / versions
+    before = _sizes(xla)
+    oldest = sorted(before)[: len(before) // 2]
+    for age, name in enumerate(oldest):
+        os.utime(xla / name, (1_000_000 + age, 1_000_000 + age))
+    bound = sum(before.values()) - sum(before[name] for name in oldest) + 1
+    _run("import torch; print(torch.ones(2, device='neuron').cpu())", dict(env, TORCHNEURON_CACHE_MAX_BYTES=str(bound)))
+    after = _sizes(xla)
+    assert sum(after.values()) <= bound
+    assert not set(oldest) & set(after)  # the least recently used went first
+    assert set(before) & set(after)  # and entries used since were kept
