@@ -1,5 +1,6 @@
 """Sweeps over op_db and their summary: per check and dtype, how many ops pass, fail or fall back."""
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -40,11 +41,31 @@ def parse_dtypes(names):
     return tuple(getattr(torch, name) for name in names.split(","))
 
 
-def sweep(ops, checks, dtypes, path, progress=None) -> list:
-    """Check `ops` in child processes, appending results to `path`: a check that kills its process
-    (an abort inside XLA or the autograd engine) is recorded as a failure and the sweep goes on."""
+def sweep(ops, checks, dtypes, path, progress=None, workers=None) -> list:
+    """Check `ops` in child processes, `workers` at a time (default: one per core, at most 4), appending
+    results to `path`: a check that kills its process (an abort inside XLA or the autograd engine) is
+    recorded as a failure and the sweep goes on."""
+    workers = max(1, min(workers or os.cpu_count() or 1, 4, len(ops)))
+    shards = [f"{path}.{k}" for k in range(workers)]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for finished in [pool.submit(_sweep_in_a_child, ops[k::workers], checks, dtypes, shards[k], progress)
+                         for k in range(workers)]:
+            finished.result()
+    with open(path, "a") as sink:
+        for shard in shards:
+            with open(shard) as source:
+                sink.write(source.read())
+            os.remove(shard)
+            os.remove(f"{shard}.done")
+    wanted = {harness.op_id(op) for op in ops}
+    return [r for r in load([path]) if r.op in wanted]
+
+
+def _sweep_in_a_child(ops, checks, dtypes, path, progress) -> None:
+    """Check `ops` in one child process at a time, restarting past an op that killed it."""
     remaining = [harness.op_id(op) for op in ops]
     by_id = {harness.op_id(op): op for op in ops}
+    open(path, "a").close()
     done_path = f"{path}.done"
     open(done_path, "w").close()
     while remaining:
@@ -65,8 +86,6 @@ def sweep(ops, checks, dtypes, path, progress=None) -> list:
             _append(done_path, result.key)
             if check == "crash":  # it dies outside any check (at start-up, say): nothing left to try
                 _append(done_path, f"op:{crashed}")
-    wanted = {harness.op_id(op) for op in ops}
-    return [r for r in load([path]) if r.op in wanted]
 
 
 def _done(path) -> set:
