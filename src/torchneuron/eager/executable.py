@@ -99,13 +99,17 @@ def _meta_spec(t: torch.Tensor):
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
+def devices_differ(first, second) -> RuntimeError:
+    """The CPU's error for tensors of one op on two devices."""
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {first} and "
+                        f"{second}!")
+
+
 def _check_same_device(tensors):
     devices = {t._spec[4] for t in tensors}
     if len(devices) > 1:
         a, b = sorted(devices)[:2]
-        raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, neuron:{a} and neuron:{b}!"
-        )
+        raise devices_differ(f"neuron:{a}", f"neuron:{b}")
 
 
 class LoweringFailed(Exception):

@@ -11,7 +11,7 @@ from ..runtime import storage, transfer
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import out_dtypes, transfers
-from .executable import Compute
+from .executable import Compute, devices_differ
 
 aten = torch.ops.aten
 HANDLERS = {}
@@ -232,8 +232,7 @@ def _data_dependent_out(func, args, kwargs):
     inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
     for out in (o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)):
         if inputs and out.device != inputs[0].device:  # the copy into it would move the result silently
-            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{inputs[0].device} and {out.device}!")
+            raise devices_differ(inputs[0].device, out.device)
     results = data_dependent(op.target, args, {k: v for k, v in kwargs.items() if k not in names})
     results = results if isinstance(results, (tuple, list)) else [results]
     out_dtypes.check(func, args, kwargs, [r.dtype for r in results])

@@ -10,7 +10,7 @@ from jax import lax
 from ..runtime.dtypes import to_torch
 from . import checks
 from .rules import vjp
-from .pooling import window_slice
+from .pooling import per_dim, window_slice
 from .promotion import cast, opmath
 from .registry import META, lower, meta_like_input
 
@@ -345,11 +345,6 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     ).astype(x.dtype)
 
 
-def _expand(values, n):
-    values = list(values)
-    return values * n if len(values) == 1 else values
-
-
 def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch's meta kernel, after the argument checks of the CPU kernel that it leaves out."""
     for values, ok, message in (
@@ -366,8 +361,8 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
 @lower(aten.convolution, meta=_convolution_meta)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
-    out = _conv(x, w, _expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed,
-                _expand(output_padding, n), groups)
+    out = _conv(x, w, per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n), transposed,
+                per_dim(output_padding, n), groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
     return out
@@ -410,7 +405,7 @@ def _weight_grad(grad, x, w, args):
 def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask):
     n = x.ndim - 2
-    args = (_expand(stride, n), _expand(padding, n), _expand(dilation, n), transposed, _expand(output_padding, n),
+    args = (per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n), transposed, per_dim(output_padding, n),
             groups)
     dx = jax.vjp(lambda a: _conv(a, w, *args), x)[1](grad)[0] if output_mask[0] else None
     dw = _weight_grad(grad, x, w, args) if output_mask[1] else None

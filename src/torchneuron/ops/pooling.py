@@ -21,7 +21,8 @@ from .registry import lower, meta_like_input
 aten = torch.ops.aten
 
 
-def _per_dim(value, n):
+def per_dim(value, n) -> list:
+    """A window argument (an int, or one value per spatial dimension or one for all) as n values."""
     values = [value] if isinstance(value, int) else list(value)
     return values * n if len(values) == 1 else values
 
@@ -40,8 +41,8 @@ def _pool_padding(length, kernel, stride, pad, ceil_mode):
 
 def _avg_pool(n, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
-    kernel, padding = _per_dim(kernel_size, n), _per_dim(padding, n)
-    stride = _per_dim(stride, n) if stride else kernel
+    kernel, padding = per_dim(kernel_size, n), per_dim(padding, n)
+    stride = per_dim(stride, n) if stride else kernel
     pads = [_pool_padding(x.shape[x.ndim - n + i], k, s, p, ceil_mode)
             for i, (k, s, p) in enumerate(zip(kernel, stride, padding))]
     lead = x.ndim - n
@@ -181,8 +182,8 @@ def _max_pool_offsets(n, x, kernel_size, stride, padding, dilation, ceil_mode):
     """Each window offset, in PyTorch's scan order: its strided slice of the padded input (start, limit,
     stride per spatial dim), the input position it reads for every output (flat, as PyTorch's indices),
     whether that position is inside the input, and the input padding."""
-    kernel, padding, dilation = _per_dim(kernel_size, n), _per_dim(padding, n), _per_dim(dilation, n)
-    stride = _per_dim(stride, n) if stride else kernel
+    kernel, padding, dilation = per_dim(kernel_size, n), per_dim(padding, n), per_dim(dilation, n)
+    stride = per_dim(stride, n) if stride else kernel
     spatial = x.shape[x.ndim - n:]
     pads = [_pool_padding(length, d * (k - 1) + 1, s, p, ceil_mode)
             for length, k, s, p, d in zip(spatial, kernel, stride, padding, dilation)]
