@@ -199,3 +199,37 @@ def test_views_of_normal_tensors_in_inference_mode():
             made.view(6)[2:4].mul_(5)
             assert made.is_inference() and made.view(6).is_inference()
     assert_same(y, x)
+
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["eager", "adaptive"])
+def test_a_loop_over_positions_compiles_a_few_programs_not_one_per_position(adaptive):
+    """Views that differ only in where they start share one program taking the offsets as arguments (a KV
+    cache written at position i); views of one storage (x[j] += x[i]) keep their offsets compiled in."""
+    from torchneuron.runtime.cache import eager_cache
+
+    width = 5 if adaptive else 3  # signatures of their own: the other mode's executables are not counted
+
+    def run(device, steps, aliasing=False):
+        torch.manual_seed(0)
+        cache, new = torch.zeros(4, steps, width).to(device), torch.randn(steps, 4, width).to(device)
+        scores = torch.zeros(steps).to(device)
+        for i in range(steps):
+            cache[:, i] = new[i] * 2
+            scores[i] = (cache[:, i] * new[i]).sum()
+            if aliasing:
+                cache[:, (i + 3) % steps] += cache[:, i]
+        return cache, scores
+
+    with torch.neuron.adaptive_eager(adaptive):
+        run("neuron", 5)
+        before = len(eager_cache.entries)
+        got = run("neuron", 40)
+        compiled = len(eager_cache.entries) - before
+        aliased = run("neuron", 12, aliasing=True)
+    for result, expected in ((got, run("cpu", 40)), (aliased, run("cpu", 12, aliasing=True))):
+        for g, e in zip(result, expected):
+            torch.testing.assert_close(g.cpu(), e)
+    # four ops with views, each compiled for its first offsets and once with offsets as arguments (one per
+    # position otherwise: 160)
+    assert compiled <= 8, compiled

@@ -61,10 +61,19 @@ class Compute:
         entry = eager_cache.get(key)
         try:
             if entry is None:
-                entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars)
-                eager_cache.put(key, entry)
-                if events.listening:
-                    events.signature("eager", func, key)
+                # views of distinct storages that differ from a signature seen before only in where they
+                # start share one program taking the offsets as arguments (a loop writing x[i] would
+                # otherwise compile once per i); shared storages keep static offsets, as aliasing depends
+                # on them
+                anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
+                entry = anywhere and eager_cache.get(anywhere)
+                if entry is None:
+                    entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars,
+                                       traced_offsets=anywhere is not None)
+                    key = anywhere if entry.traced_offsets else key
+                    eager_cache.put(key, entry)
+                    if events.listening:
+                        events.signature("eager", func, key)
             elif entry is fallback.run_on_cpu:
                 return fallback.run_on_cpu(func, args, kwargs)
             return entry.run(tensors, storages, scalars, generator)
@@ -89,6 +98,24 @@ def _storage_views(tensors):
             storages.append(s)
         views.append((t._spec, i, s.numel))
     return storages, views
+
+
+_first_offsets = {}  # a signature without its view offsets -> the offsets it was first seen with
+
+
+def _offsets_as_arguments(key, views):
+    """The key of the signature `key` with its views' offsets as arguments, if it has been seen before with
+    other offsets (else None: one offset is compiled in, as most views' is)."""
+    func, targs, tkwargs, _, scalar_types, default_dtype = key
+    anywhere = (func, targs, tkwargs, tuple((s[:2] + s[3:], i, n) for s, i, n in views), scalar_types,
+                default_dtype, "offsets as arguments")
+    offsets = tuple(s[2] for s, _, _ in views)
+    first = _first_offsets.get(anywhere)
+    if first is None:
+        if len(_first_offsets) >= eager_cache.capacity:
+            _first_offsets.clear()
+        _first_offsets[anywhere] = offsets
+    return anywhere if first is not None and first != offsets else None
 
 
 def _refilled(targs, tkwargs, tensors, scalars):
@@ -121,7 +148,7 @@ class LoweringFailed(Exception):
 class Executable:
     """One compiled storage program for one op signature, with the plan for its outputs."""
 
-    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars):
+    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars, traced_offsets=False):
         _check_same_device(tensors)
         self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
         specs = [t._spec for t in tensors]
@@ -146,6 +173,8 @@ class Executable:
             value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
             mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
         self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        # a resized tensor's new view is the meta kernel's for these offsets
+        self.traced_offsets = traced_offsets = traced_offsets and not resized
         _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
         self.new_specs = new_specs = [_meta_spec(meta_tensors[i]) for i in resized]
         written_in_place = [i for i in mutated if i not in resized]
@@ -179,14 +208,14 @@ class Executable:
             return outputs + [c for c, _, _ in conditions], written
 
         self.program = StorageProgram(specs, pattern, storages, written_in_place, compute,
-                                      events.executable_name(op.func))
+                                      events.executable_name(op.func), traced_offsets)
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
         self.compiled = self.program.jit(self.device_index)
         spec = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
-        extras = _device_scalars(scalars, self.device_index) + ([_KEY] if self.random else [])
+        extras = self._offsets(tensors) + _device_scalars(scalars, self.device_index) + ([_KEY] if self.random else [])
         try:
             # traced now (jit reuses the trace at the first run) for what the program's results are
             traced = self.compiled.trace(*self.program.avals(extras))
@@ -205,6 +234,8 @@ class Executable:
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = self.program.buffers_of(storages)
+        if self.traced_offsets:
+            flat += self._offsets(tensors)
         if scalars:
             flat += _device_scalars(scalars, self.device_index)
         if self.random:
@@ -231,10 +262,16 @@ class Executable:
 
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
-        extras = _device_scalars(scalars, self.device_index) if scalars else []
+        extras = self._offsets(tensors)
+        if scalars:
+            extras += _device_scalars(scalars, self.device_index)
         if self.random:
             extras.append(rng.next_key(self.device_index, generator))
         return self._outputs(queue.record(self, storages, extras), tensors, storages)
+
+    def _offsets(self, tensors) -> list:
+        """The inputs' storage offsets as program arguments, if the program takes them."""
+        return _device_scalars([t._spec[2] for t in tensors], self.device_index) if self.traced_offsets else []
 
     def _outputs(self, results, tensors, storages):
         if not results:

@@ -130,18 +130,33 @@ def write(buffer, value, shape, stride, offset):
     return lax.dynamic_update_slice(buffer, region, (offset,))
 
 
-def read_view(buffer, spec):
-    """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`."""
-    shape, stride, offset, dtype, _ = spec
-    return read(_reinterpret(buffer, to_jax(dtype)), shape, stride, offset)
+def read_view(buffer, spec, offset=None):
+    """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`;
+    `offset`, when given, is a traced element offset that replaces the spec's."""
+    shape, stride, static_offset, dtype, _ = spec
+    flat = _reinterpret(buffer, to_jax(dtype))
+    if offset is None:
+        return read(flat, shape, stride, static_offset)
+    return read(_window(flat, offset, shape, stride), shape, stride, 0)
 
 
-def write_view(buffer, value, spec, storage_dtype):
-    """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec."""
-    shape, stride, offset, dtype, _ = spec
+def write_view(buffer, value, spec, storage_dtype, offset=None):
+    """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec (`offset`
+    as in read_view)."""
+    shape, stride, static_offset, dtype, _ = spec
     wanted = to_jax(dtype)
-    written = write(_reinterpret(buffer, wanted), convert(value, wanted), shape, stride, offset)
+    flat, value = _reinterpret(buffer, wanted), convert(value, wanted)
+    if offset is None:
+        written = write(flat, value, shape, stride, static_offset)
+    else:
+        window = write(_window(flat, offset, shape, stride), value, shape, stride, 0)
+        written = lax.dynamic_update_slice(flat, window, (offset,))
     return _reinterpret(written, to_jax(storage_dtype))
+
+
+def _window(flat, offset, shape, stride):
+    """The elements a view starting at the traced `offset` spans."""
+    return lax.dynamic_slice(flat, (offset,), (storage_extent(shape, stride),))
 
 
 def _reinterpret(flat, dtype):

@@ -21,24 +21,28 @@ class StorageProgram:
     input in `mutated_inputs` to its new value.
 
     Called as `function(*buffers, *extras)` with `buffers` from `buffers_of(storages)`: flat positional
-    arguments, jit's fast path (no pytree work); the first `len(written_storages)` are donated.
+    arguments, jit's fast path (no pytree work); the first `len(written_storages)` are donated. With
+    `traced_offsets`, each input's storage offset is an argument too, between the buffers and the extras
+    (one program for views that differ only in where they start: `x[i] = ...` in a loop).
     """
 
-    def __init__(self, specs, pattern, storages, mutated_inputs, compute, name: str):
+    def __init__(self, specs, pattern, storages, mutated_inputs, compute, name: str, traced_offsets=False):
         self.written_storages = written = sorted({pattern[i] for i in mutated_inputs})
         self.argument_storages = written + [p for p in range(len(storages)) if p not in written]
         self.storage_avals = [jax.ShapeDtypeStruct((storages[p].numel,), to_jax(storages[p].dtype))
                               for p in self.argument_storages]
         storage_dtypes = [s.dtype for s in storages]
         argument_storages, n_buffers = self.argument_storages, len(self.argument_storages)
+        n_offsets = len(specs) if traced_offsets else 0
 
         def function(*flat):
             buffers = dict(zip(argument_storages, flat[:n_buffers]))
-            values = [layout.read_view(buffers[p], spec) for spec, p in zip(specs, pattern)]
-            results, new_values = compute(values, flat[n_buffers:])
+            offsets = flat[n_buffers : n_buffers + n_offsets] if n_offsets else [None] * len(specs)
+            values = [layout.read_view(buffers[p], spec, offset) for spec, p, offset in zip(specs, pattern, offsets)]
+            results, new_values = compute(values, flat[n_buffers + n_offsets :])
             for i in mutated_inputs:
                 p = pattern[i]
-                buffers[p] = layout.write_view(buffers[p], new_values[i], specs[i], storage_dtypes[p])
+                buffers[p] = layout.write_view(buffers[p], new_values[i], specs[i], storage_dtypes[p], offsets[i])
             return (*[buffers[p] for p in written], *results)
 
         # the executable's name, in XLA's program text and in profiles

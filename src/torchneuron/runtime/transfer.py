@@ -63,7 +63,8 @@ def device_scalar(value: float, device_index: int) -> jax.Array:
     """A Python float as a weakly typed 0-d array on the device, kept for reuse: given the float itself,
     a jitted call copies it to the device on every call (about 3 us each on XLA:CPU). Weak typing keeps
     the float's promotion (a float32 tensor plus it stays float32) and the executable's signature."""
-    key = (value if value else str(value), device_index)  # str: 0.0 and -0.0 are equal keys otherwise
+    # the type: 1, 1.0 and True are equal keys otherwise; str: 0.0 and -0.0 are
+    key = (type(value), value if value else str(value), device_index)
     array = _scalars.get(key)
     if array is None:
         if len(_scalars) >= _MAX_SCALARS:
