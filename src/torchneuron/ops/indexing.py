@@ -208,6 +208,18 @@ def index_fill(x, dim, index, value):
     return x.at[_along_dim(x, dim, index, _out_of_bounds(dim, x.shape[dim]), negative=True)].set(cast(value, x.dtype))
 
 
+def _check_fill_value(x, dim, index, value):
+    """The CPU kernel's check (its meta kernel has none; a bool tensor would take True)."""
+    complex_value = value.is_complex() if isinstance(value, torch.Tensor) else isinstance(value, complex)
+    if complex_value and not x.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+
+
+for _op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, aten.index_fill_.int_Scalar,
+            aten.index_fill_.int_Tensor):
+    META[_op] = checked_meta(_check_fill_value, _op)
+
+
 @lower(aten.nonzero, dynamic_shape=True)
 def nonzero(x):
     return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)

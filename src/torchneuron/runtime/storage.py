@@ -66,11 +66,12 @@ class Storage:
         if events.listening:
             events.alloc(self)
 
-    def __del__(self):
+    # bound here: storages still alive at interpreter exit are freed after module globals are cleared
+    def __del__(self, events=events, by_native=_by_native):
         self.account.allocated -= self.nbytes
         if events.listening:
             events.free(self)
-        _by_native.pop(self.handle._cdata, None)
+        by_native.pop(self.handle._cdata, None)
 
     @property
     def buffer(self) -> jax.Array:
