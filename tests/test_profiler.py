@@ -188,3 +188,19 @@ def test_docs_tutorial_runs_as_written(tmp_path):
     assert any(e.get("pid") == "neuron:0" for e in trace["traceEvents"])
     with open(tmp_path / "demo_memory.pickle", "rb") as f:
         assert pickle.load(f)["device_traces"][0]
+
+
+def test_a_program_taking_view_offsets_is_reported_as_an_offset_recompile():
+    from torchneuron.profiler import collector
+
+    listener = collector.Collector()
+    events.listen(listener)
+    try:
+        x, y = torch.zeros(10, 7, device="neuron"), torch.ones(10, 7, device="neuron")
+        for i in range(4):  # the second position builds the program that takes offsets as arguments
+            x[i] = y[i] * 2
+        torch.neuron.synchronize()
+    finally:
+        events.stop_listening(listener)
+    causes = {(name, cause) for name, cause, _, _ in listener.recompiles}
+    assert causes == {("aten.mul.Tensor", "strides or storage offset"), ("aten.copy_.default", "strides or storage offset")}

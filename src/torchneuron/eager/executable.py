@@ -107,7 +107,8 @@ def _offsets_as_arguments(key, views):
     """The key of the signature `key` with its views' offsets as arguments, if it has been seen before with
     other offsets (else None: one offset is compiled in, as most views' is)."""
     func, targs, tkwargs, _, scalar_types, default_dtype = key
-    anywhere = (func, targs, tkwargs, tuple((s[:2] + s[3:], i, n) for s, i, n in views), scalar_types,
+    # each spec keeps its place for the offset (None), as the profiler reads keys by position
+    anywhere = (func, targs, tkwargs, tuple((s[:2] + (None,) + s[3:], i, n) for s, i, n in views), scalar_types,
                 default_dtype, "offsets as arguments")
     offsets = tuple(s[2] for s, _, _ in views)
     first = _first_offsets.get(anywhere)
