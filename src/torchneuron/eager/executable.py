@@ -216,7 +216,7 @@ class Executable:
         spec = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
         self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
-        extras = self._offsets(tensors) + _device_scalars(scalars, self.device_index) + ([_KEY] if self.random else [])
+        extras = self._extras(tensors, scalars, _KEY if self.random else None)
         try:
             # traced now (jit reuses the trace at the first run) for what the program's results are
             traced = self.compiled.trace(*self.program.avals(extras))
@@ -235,12 +235,7 @@ class Executable:
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = self.program.buffers_of(storages)
-        if self.traced_offsets:
-            flat += self._offsets(tensors)
-        if scalars:
-            flat += _device_scalars(scalars, self.device_index)
-        if self.random:
-            flat.append(rng.next_key(self.device_index, generator))
+        flat += self._extras(tensors, scalars, rng.next_key(self.device_index, generator) if self.random else None)
         try:
             results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         except Exception as exc:
@@ -263,16 +258,18 @@ class Executable:
 
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
-        extras = self._offsets(tensors)
+        key = rng.next_key(self.device_index, generator) if self.random else None
+        return self._outputs(queue.record(self, storages, self._extras(tensors, scalars, key)), tensors, storages)
+
+    def _extras(self, tensors, scalars, key) -> list:
+        """The program's arguments after the storages' buffers: the views' offsets (if it takes them), the
+        scalars on the device, the random key (if not None)."""
+        extras = _device_scalars([t._spec[2] for t in tensors], self.device_index) if self.traced_offsets else []
         if scalars:
             extras += _device_scalars(scalars, self.device_index)
-        if self.random:
-            extras.append(rng.next_key(self.device_index, generator))
-        return self._outputs(queue.record(self, storages, extras), tensors, storages)
-
-    def _offsets(self, tensors) -> list:
-        """The inputs' storage offsets as program arguments, if the program takes them."""
-        return _device_scalars([t._spec[2] for t in tensors], self.device_index) if self.traced_offsets else []
+        if key is not None:
+            extras.append(key)
+        return extras
 
     def _outputs(self, results, tensors, storages):
         if not results:
