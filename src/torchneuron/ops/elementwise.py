@@ -470,6 +470,13 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     return x if dtype is None else convert(x, to_jax(dtype))
 
 
+@lower(prims.convert_element_type)
+def convert_element_type(x, dtype):
+    from ..runtime.dtypes import to_jax
+
+    return convert(x, to_jax(dtype))
+
+
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(x, value):
     if type(value) is int and jnp.issubdtype(x.dtype, jnp.unsignedinteger):

@@ -4,7 +4,7 @@ import functools
 import jax.numpy as jnp
 import torch
 
-from .promotion import cast, promote
+from .promotion import cast, opmath, promote
 from .registry import lower
 from .rules import MissingLowering
 
@@ -16,18 +16,19 @@ def _accumulate(x):
     return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
 
 
-def _matmul(a, b):
-    return jnp.matmul(a, b, preferred_element_type=_accumulate(a)).astype(a.dtype)
+def _product(a, b):
+    """a @ b unrounded: float32 for half-precision inputs."""
+    return jnp.matmul(a, b, preferred_element_type=_accumulate(a))
 
 
 @lower(aten.mm, aten.bmm, aten.matmul)
 def mm(a, b):
-    return _matmul(a, b)
+    return _product(a, b).astype(a.dtype)
 
 
 @lower(aten.mv)
 def mv(a, v):
-    return _matmul(a, v)
+    return _product(a, v).astype(a.dtype)
 
 
 @lower(aten.dot, aten.vdot)
@@ -35,14 +36,16 @@ def dot(a, b):
     return jnp.dot(a, b, preferred_element_type=_accumulate(a)).astype(a.dtype)
 
 
-def _scaled_sum(x, product, beta, alpha):
+def _scaled_sum(x, product, beta, alpha, dtype):
+    """beta * x + alpha * product, rounded to dtype once at the end (the CPU's and CUDA's half-precision
+    kernels round their float32 sums once too)."""
     product = product if _is_one(alpha) else product * cast(alpha, product.dtype)
     if _is_zero(beta):
-        return product
-    x = x if _is_one(beta) else x * cast(beta, x.dtype)
-    out = (x + product).astype(product.dtype)
+        return product.astype(dtype)
+    x = opmath(x) if _is_one(beta) else opmath(x) * cast(beta, opmath(x).dtype)
+    out = x + product
     # beta == 0 ignores the input, nan and inf included (a traced beta is only known on device)
-    return out if isinstance(beta, (int, float)) else jnp.where(beta == 0, product, out)
+    return (out if isinstance(beta, (int, float)) else jnp.where(beta == 0, product, out)).astype(dtype)
 
 
 def _is_one(value) -> bool:
@@ -55,17 +58,17 @@ def _is_zero(value) -> bool:
 
 @lower(aten.addmm, aten.baddbmm, aten.addmv)
 def addmm(x, a, b, *, beta=1, alpha=1):
-    return _scaled_sum(x, _matmul(a, b), beta, alpha)
+    return _scaled_sum(x, _product(a, b), beta, alpha, a.dtype)
 
 
 @lower(aten.addbmm)
 def addbmm(x, a, b, *, beta=1, alpha=1):
-    return _scaled_sum(x, jnp.sum(_matmul(a, b), axis=0), beta, alpha)
+    return _scaled_sum(x, jnp.sum(_product(a, b), axis=0), beta, alpha, a.dtype)
 
 
 @lower(aten.addr)
 def addr(x, a, b, *, beta=1, alpha=1):
-    return _scaled_sum(x, jnp.outer(a, b), beta, alpha)
+    return _scaled_sum(x, jnp.outer(opmath(a), opmath(b)), beta, alpha, a.dtype)
 
 
 @lower(aten.outer)
@@ -93,7 +96,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     if bias is not None:
         raise MissingLowering(aten._grouped_mm.default)
     if a.ndim == 3 and b.ndim == 3:
-        return _matmul(a, b)
+        return mm(a, b)
     product = functools.partial(jnp.einsum, preferred_element_type=_accumulate(a))
     if a.ndim == 2 and b.ndim == 3:  # rows of `a` in groups, each times its group's matrix
         out = product("sk,gkn,gs->sn", a, b, _group_masks(offs, a.shape[0], a.dtype))

@@ -322,6 +322,7 @@ def _conv_dimension_numbers(n):
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """The convolution unrounded: float32 for half-precision inputs, so a bias is added before the one rounding."""
     n = x.ndim - 2
     numbers = _conv_dimension_numbers(n)
     acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
@@ -329,7 +330,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         return lax.conv_general_dilated(
             x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
             dimension_numbers=numbers, feature_group_count=groups, preferred_element_type=acc,
-        ).astype(x.dtype)
+        )
     # a transposed convolution is the gradient of a convolution: dilate the input, flip the kernel
     cin = w.shape[0]
     w = w.reshape((groups, cin // groups) + w.shape[1:])
@@ -342,7 +343,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     return lax.conv_general_dilated(
         x, w, window_strides=(1,) * n, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
         dimension_numbers=numbers, feature_group_count=groups, preferred_element_type=acc,
-    ).astype(x.dtype)
+    )
 
 
 def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -364,8 +365,8 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     out = _conv(x, w, per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n), transposed,
                 per_dim(output_padding, n), groups)
     if bias is not None:
-        out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
-    return out
+        out = out + opmath(bias).reshape((1, -1) + (1,) * n)
+    return out.astype(x.dtype)
 
 
 def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
@@ -388,7 +389,7 @@ def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
 
 def _weight_grad(grad, x, w, args):
     def by_vjp(grad, x):
-        return jax.vjp(lambda b: _conv(x, b, *args), w)[1](grad)[0]
+        return jax.vjp(lambda b: _conv(x, b, *args), w)[1](opmath(grad))[0]
 
     stride, padding, dilation, transposed, _, groups = args
     if transposed:
@@ -407,7 +408,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     n = x.ndim - 2
     args = (per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n), transposed, per_dim(output_padding, n),
             groups)
-    dx = jax.vjp(lambda a: _conv(a, w, *args), x)[1](grad)[0] if output_mask[0] else None
+    dx = jax.vjp(lambda a: _conv(a, w, *args), x)[1](opmath(grad))[0] if output_mask[0] else None
     dw = _weight_grad(grad, x, w, args) if output_mask[1] else None
     db = jnp.sum(opmath(grad), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype) if output_mask[2] else None
     return dx, dw, db
@@ -680,9 +681,10 @@ def pdist_backward(grad, x, p, pdist):
 
 @lower(aten._trilinear)
 def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
-    product = (jnp.expand_dims(i1, tuple(expand1)) * jnp.expand_dims(i2, tuple(expand2))
-               * jnp.expand_dims(i3, tuple(expand3)))
-    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+    # half precision is multiplied and summed in float32 and rounded once, as the CPU's matmuls do
+    product = (jnp.expand_dims(opmath(i1), tuple(expand1)) * jnp.expand_dims(opmath(i2), tuple(expand2))
+               * jnp.expand_dims(opmath(i3), tuple(expand3)))
+    return (jnp.sum(product, axis=tuple(sumdim)) if sumdim else product).astype(i1.dtype)
 
 
 @lower(aten.rrelu_with_noise_functional, random=True)

@@ -8,6 +8,7 @@ import torch
 from jax import lax
 
 from ..runtime.dtypes import to_jax
+from .promotion import opmath
 from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
@@ -178,9 +179,12 @@ def logsumexp(x, dim, keepdim=False):
 # ord picks the computation, so it must be a Python number
 @lower(aten.linalg_vector_norm, static_scalars=True)
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    v = x.astype(to_jax(dtype)) if dtype is not None else x
-    v = jnp.abs(v)
-    axes = _axes(x, dim)
+    v = jnp.abs(x.astype(to_jax(dtype)) if dtype is not None else x)
+    # half precision sums its powers in float32 (as the CPU does): float16 squares overflow past 256
+    return _vector_norm(opmath(v), ord, _axes(x, dim), keepdim).astype(v.dtype)
+
+
+def _vector_norm(v, ord, axes, keepdim):
     if ord == float("inf"):
         return jnp.max(v, axis=axes, keepdims=keepdim)
     if ord == float("-inf"):
@@ -197,7 +201,9 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 def _scan(fn):
     def lowering(x, dim, *, dtype=None):
         out = _accumulate_dtype(x, dtype)
-        return x.astype(out) if x.ndim == 0 else fn(x.astype(out), axis=dim % x.ndim)
+        # half precision accumulates in float32, as the CPU's loops do: rounding each partial sum drifts
+        x = opmath(x.astype(out))
+        return (x if x.ndim == 0 else fn(x, axis=dim % x.ndim)).astype(out)
 
     return lowering
 
