@@ -76,3 +76,49 @@ def test_harness_catches_a_wrong_result(monkeypatch):
     monkeypatch.setitem(dispatch._HANDLERS, torch.ops.aten.neg.default, lambda func, args, kwargs: args[0].clone())
     result = harness.check_op(op, ["forward"], [torch.float32])[0]
     assert result.status == harness.FAIL and "not close" in result.message
+
+
+def test_low_precision_results_are_still_checked(monkeypatch):
+    """The float32 reference accepts other roundings of the right answer, not a wrong answer."""
+    from torchneuron.eager import dispatch
+
+    op = next(op for op in ALL_OPS if harness.op_id(op) == "neg")
+    monkeypatch.setitem(dispatch._HANDLERS, torch.ops.aten.neg.default, lambda func, args, kwargs: args[0].clone())
+    result = harness.check_op(op, ["forward"], [torch.bfloat16])[0]
+    assert result.status == harness.FAIL and "not close" in result.message
+
+
+def _sort_sample(**kwargs):
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    return SampleInput(torch.tensor([[2.0, 1.0, 2.0, 1.0]]), **kwargs)
+
+
+@pytest.mark.parametrize("stable, passes", [(False, True), (True, False)])
+def test_unstable_sort_may_order_ties_either_way(stable, passes):
+    sample = _sort_sample(kwargs={"dim": 1, "stable": stable})
+    values = torch.tensor([[1.0, 1.0, 2.0, 2.0]])
+    cpu, neuron = (values, torch.tensor([[1, 3, 0, 2]])), (values, torch.tensor([[3, 1, 2, 0]]))
+    canonical = harness._CANONICAL["sort"]
+    if passes:
+        harness.assert_close(*canonical(sample, neuron, cpu))
+    else:
+        with pytest.raises(AssertionError):
+            harness.assert_close(*canonical(sample, neuron, cpu))
+
+
+def test_sort_indices_must_pick_the_right_values():
+    sample = _sort_sample(kwargs={"dim": 1})
+    values = torch.tensor([[1.0, 1.0, 2.0, 2.0]])
+    cpu, wrong = (values, torch.tensor([[1, 3, 0, 2]])), (values, torch.tensor([[1, 0, 3, 2]]))
+    with pytest.raises(AssertionError):
+        harness.assert_close(*harness._CANONICAL["sort"](sample, wrong, cpu))
+
+
+def test_eigenvectors_are_compared_up_to_sign():
+    vectors = torch.linalg.eigh(torch.tensor([[2.0, 1.0], [1.0, 3.0]]))
+    flipped = (vectors[0], vectors[1] * torch.tensor([-1.0, 1.0]))
+    harness.assert_close(*harness._CANONICAL["linalg.eigh"](None, flipped, vectors))
+    swapped = (vectors[0], vectors[1].flip(-1))
+    with pytest.raises(AssertionError):
+        harness.assert_close(*harness._CANONICAL["linalg.eigh"](None, swapped, vectors))

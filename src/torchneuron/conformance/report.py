@@ -133,13 +133,18 @@ def _row_name(result) -> str:
     return result.check if result.check != "forward" else f"forward {result.dtype}"
 
 
+# the passes that matched only the CPU computed in float32 (low-precision forward), counted apart
+FLOAT32 = "float32 reference"
+
+
 def summarize(results) -> dict:
-    """{row: {total, pass, fail, fallback}}, rows in a stable order: forward per dtype, then grad and variants."""
+    """{row: {total, pass, fail, fallback, float32 reference}}, rows in a stable order: forward per dtype, then grad and variants."""
     rows = collections.defaultdict(collections.Counter)
     for result in results:
         row = rows[_row_name(result)]
         row["total"] += 1
         row[result.status] += 1
+        row[FLOAT32] += result.message == harness.FLOAT32_REFERENCE
     order = [f"forward {harness.dtype_name(d)}" for d in harness.DTYPES] + list(harness.CHECKS[1:]) + ["timeout", "crash"]
     ops = len({r.op for r in results})
     return {"ops": ops, "rows": {name: dict(rows[name]) for name in order if name in rows}}
@@ -150,12 +155,8 @@ def _percent(row) -> str:
 
 
 def table(summary) -> str:
-    header = ("check", "ops", "passing", "failing", "fallback", "pass rate")
-    lines = [header] + [
-        (name, row["total"], row.get(harness.PASS, 0), row.get(harness.FAIL, 0), row.get(harness.FALLBACK, 0),
-         _percent(row))
-        for name, row in summary["rows"].items()
-    ]
+    header = ("check", "ops", "passing", "of which float32 ref.", "failing", "fallback", "pass rate")
+    lines = [header] + [_cells(name, row) for name, row in summary["rows"].items()]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     text = ["  ".join(str(v).ljust(w) for v, w in zip(line, widths)) for line in lines]
     return f"OpInfo conformance, {summary['ops']} op_db entries, CPU fallback disabled\n" + "\n".join(text)
@@ -166,13 +167,16 @@ def markdown(summary) -> str:
         f"OpInfo conformance: {summary['ops']} `op_db` entries run on `neuron` and on the CPU, CPU fallback "
         "disabled (a fallback counts as a failure).",
         "",
-        "| check | ops | passing | failing | fallback | pass rate |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| check | ops | passing | of which float32 ref. | failing | fallback | pass rate |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name, row in summary["rows"].items():
-        lines.append(f"| {name} | {row['total']} | {row.get(harness.PASS, 0)} | {row.get(harness.FAIL, 0)} | "
-                     f"{row.get(harness.FALLBACK, 0)} | {_percent(row)} |")
+    lines += ["| " + " | ".join(map(str, _cells(name, row))) + " |" for name, row in summary["rows"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _cells(name, row) -> tuple:
+    return (name, row["total"], row.get(harness.PASS, 0), row.get(FLOAT32, 0), row.get(harness.FAIL, 0),
+            row.get(harness.FALLBACK, 0), _percent(row))
 
 
 def write(summary, results, json_path, markdown_path) -> None:
