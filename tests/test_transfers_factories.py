@@ -69,6 +69,25 @@ def test_random_factories_have_the_right_moments():
     assert sorted(p.tolist()) == list(range(100))
 
 
+def test_complex_random_factories_draw_both_parts():
+    """PyTorch draws a complex tensor's real and imaginary parts independently, a normal's variance split
+    between them; the mean of normal_ goes to both parts."""
+    torch.manual_seed(0)
+    n = 200_000
+    g = torch.randn(n, dtype=torch.complex64, device="neuron").cpu()
+    for part in (g.real, g.imag):
+        assert abs(part.mean()) < 0.01 and abs(part.var() - 0.5) < 0.01
+    assert abs(torch.corrcoef(torch.stack([g.real, g.imag]))[0, 1]) < 0.01
+    u = torch.rand(n, dtype=torch.complex128, device="neuron").cpu()
+    for part in (u.real, u.imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.mean() - 0.5) < 0.01
+    e = torch.empty(n, dtype=torch.complex64, device="neuron").normal_(1.0, 2.0).cpu()
+    for part in (e.real, e.imag):
+        assert abs(part.mean() - 1) < 0.02 and abs(part.std() - 2 / 2**0.5) < 0.02
+    like = torch.randn_like(torch.zeros(n, device="neuron"), dtype=torch.complex64)
+    assert like.dtype == torch.complex64 and like.imag.cpu().std() > 0.6
+
+
 def test_pin_memory_and_non_blocking():
     x = torch.randn(4, 4).pin_memory()
     assert x.is_pinned()

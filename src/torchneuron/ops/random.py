@@ -1,8 +1,12 @@
 """Random ops, each drawing from a key the dispatcher takes from the device generator (their first argument)."""
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
+from ..runtime.dtypes import to_jax
 from . import checks
 from .registry import META, lower
 
@@ -30,16 +34,27 @@ META[aten.exponential_.default] = _checked(
     lambda lambd=1.0, **_: f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
 
 
+def _drawn(key, shape, dtype, draw):
+    """draw(key, shape, real dtype) as `dtype`, in float32 for half precision; a complex dtype gets its real
+    and imaginary parts drawn independently, as PyTorch draws into view_as_real of the tensor."""
+    wide = dtype in (jnp.float64, jnp.complex128)
+    real = jnp.float64 if wide else jnp.float32
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        parts = draw(key, shape + (2,), real)
+        return lax.complex(parts[..., 0], parts[..., 1]).astype(dtype)
+    return draw(key, shape, real).astype(dtype)
+
+
 @lower(aten.uniform, random=True, static_scalars=True)
 def uniform(key, x, low=0.0, high=1.0, *, generator=None):
-    sample = jax.random.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
-    return (low + sample * (high - low)).astype(x.dtype)
+    return _drawn(key, x.shape, x.dtype, lambda k, shape, d: low + jax.random.uniform(k, shape, d) * (high - low))
 
 
 @lower(aten.normal_functional, random=True)
 def normal(key, x, mean=0.0, std=1.0, *, generator=None):
-    sample = jax.random.normal(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
-    return (mean + sample * std).astype(x.dtype)
+    # a complex normal's variance std**2 is split between its parts
+    scale = std / math.sqrt(2) if jnp.issubdtype(x.dtype, jnp.complexfloating) else std
+    return _drawn(key, x.shape, x.dtype, lambda k, shape, d: mean + jax.random.normal(k, shape, d) * scale)
 
 
 @lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
@@ -96,12 +111,12 @@ def randperm(key, n, *, dtype=None, layout=None, device=None, pin_memory=None, g
 
 @lower(aten.rand_like, random=True)
 def rand_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return jax.random.uniform(key, x.shape, jnp.float32)
+    return uniform(key, jnp.empty(x.shape, to_jax(dtype) if dtype is not None else x.dtype))
 
 
 @lower(aten.randn_like, random=True)
 def randn_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return jax.random.normal(key, x.shape, jnp.float32)
+    return normal(key, jnp.empty(x.shape, to_jax(dtype) if dtype is not None else x.dtype))
 
 
 @lower(aten.multinomial, random=True)
