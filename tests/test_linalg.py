@@ -4,6 +4,7 @@ import torch
 
 import torchneuron  # noqa: F401
 from conftest import assert_same
+from torchneuron.eager import fallback
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 
@@ -57,6 +58,62 @@ def test_singular_input_raises_linalg_error_at_synchronisation():
         torch.linalg.inv(torch.zeros(3, 3, device="neuron")).cpu()
     with pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
         torch.linalg.cholesky(-torch.eye(3, device="neuron")).cpu()
+
+
+def _symmetric(n, *batch, dtype=torch.float32, hermitian=False):
+    a = torch.randn(*batch, n, n, dtype=dtype)
+    return a + (a.mH if hermitian else a.mT)
+
+
+def _swap_blocks(n):
+    """[[0, 1], [1, 0]] blocks, shuffled and nudged: zero diagonals that Bunch-Kaufman pivots in pairs."""
+    order = torch.randperm(n)
+    blocks = torch.block_diag(*[torch.tensor([[0.0, 1.0], [1.0, 0.0]])] * (n // 2))
+    return blocks[order][:, order] + 0.01 * torch.ones(n, n)
+
+
+_LDL_INPUTS = {
+    "2x2 pivots": lambda: (_swap_blocks(6), False),
+    "indefinite batch": lambda: (_symmetric(5, 3), False),
+    "complex symmetric": lambda: (_symmetric(5, 2, dtype=torch.complex64), False),
+    "hermitian": lambda: (_symmetric(5, 2, dtype=torch.complex64, hermitian=True), True),
+    # LAPACK reads the lower triangle only, and only the real part of a Hermitian diagonal
+    "upper ignored": lambda: (torch.randn(4, 4, dtype=torch.complex64), True),
+    "singular": lambda: (torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [3.0, 6.0, 9.0]]), False),
+    "zero column": lambda: (torch.diag(torch.tensor([2.0, 0.0, -1.0])), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_LDL_INPUTS))
+def test_ldl_factor_matches_lapack(case):
+    torch.manual_seed(0)
+    a, hermitian = _LDL_INPUTS[case]()
+    with fallback.as_error():
+        cpu, neuron = _on_both(lambda t: torch.linalg.ldl_factor_ex(t, hermitian=hermitian), a)
+    assert_same(neuron.LD, cpu.LD, **TOLERANCE)
+    assert_same(neuron.pivots, cpu.pivots)
+    assert_same(neuron.info, cpu.info)
+    if case == "2x2 pivots":
+        assert (cpu.pivots < 0).any()
+
+
+@pytest.mark.parametrize("case", ["2x2 pivots", "indefinite batch", "complex symmetric", "hermitian"])
+def test_ldl_solve(case):
+    torch.manual_seed(0)
+    a, hermitian = _LDL_INPUTS[case]()
+    ld, pivots = torch.linalg.ldl_factor(a, hermitian=hermitian)
+    b = torch.randn(*a.shape[:-1], 2, dtype=a.dtype)
+    with fallback.as_error():
+        cpu, neuron = _on_both(lambda *t: torch.linalg.ldl_solve(*t, hermitian=hermitian), ld, pivots, b)
+    assert_same(neuron, cpu, **TOLERANCE)
+
+
+def test_ldl_factor_of_singular_input_raises_as_the_cpu():
+    """PyTorch has no message for sytrf's info: an internal assert, a RuntimeError, not a LinAlgError."""
+    singular = torch.zeros(3, 3, device="neuron")
+    with fallback.as_error(), pytest.raises(RuntimeError, match="Unknown error code") as raised:
+        torch.linalg.ldl_factor(singular)[0].cpu()
+    assert not isinstance(raised.value, torch.linalg.LinAlgError)
 
 
 def test_addr_beta_zero_ignores_nan_input():

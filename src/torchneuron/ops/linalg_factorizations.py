@@ -62,8 +62,9 @@ _CHECK_MESSAGES = (
 
 @lower(aten._linalg_check_errors)
 def linalg_check_errors(info, api_name, *, is_matrix):
-    message = next((m for key, m in _CHECK_MESSAGES if key in api_name), "Unknown error code.")
-    error = RuntimeError if "lu_factor" in api_name else torch.linalg.LinAlgError
+    key, message = next(((k, m) for k, m in _CHECK_MESSAGES if k in api_name), (None, "Unknown error code."))
+    # lu_factor's check and the internal assert for other codes (ldl_factor's) are RuntimeErrors
+    error = torch.linalg.LinAlgError if key not in (None, "lu_factor") else RuntimeError
     require(info == 0, error, f"{api_name}: {message}")
 
 
@@ -246,6 +247,184 @@ def cholesky_solve(b, factor, upper=False):
 def cholesky_inverse(factor, upper=False):
     identity = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
     return jsl.cho_solve(_cholesky_factor(factor, upper), identity)
+
+
+# ---------------------------------------------------------------- LDL (Bunch-Kaufman)
+#
+# sytrf/hetrf with uplo='L', step for step as the unblocked sytf2/hetf2 (the blocked versions make the
+# same choices): a column k pivots alone (1x1) or with one other (2x2), its interchange applied to the
+# trailing block only, so the columns of L already computed keep their rows and sytrs replays the
+# interchanges in the same order. The steps' sizes depend on the data: a while loop over k, each step
+# a masked update of the whole matrix, the batch vmapped.
+
+_BUNCH_KAUFMAN_ALPHA = (1 + 17**0.5) / 8  # the threshold that minimises the bound on element growth
+
+
+def _conj_if(x, hermitian):
+    return x.conj() if hermitian else x
+
+
+def _cabs1(x):
+    """|re| + |im|: the magnitude LAPACK's pivot choices compare (i?amax's)."""
+    return jnp.abs(x.real) + jnp.abs(x.imag) if jnp.iscomplexobj(x) else jnp.abs(x)
+
+
+def _block_product(x, y):
+    """x @ y as a sum of products: in full precision, where a matmul may round float32 to TF32."""
+    return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2)
+
+
+def _symmetric_from_lower(a, hermitian):
+    """The matrix LAPACK's lower storage stands for: the upper triangle mirrors the lower one, and a
+    Hermitian diagonal is real (hetrf ignores its imaginary parts)."""
+    i, j = jnp.indices(a.shape)
+    full = jnp.where(i >= j, a, _conj_if(a.T, hermitian))
+    return jnp.where(i == j, full.real, full) if hermitian else full
+
+
+def _pivot_block(a, s, step, hermitian):
+    """The diagonal block D at s as a 2x2 matrix, a 1x1 block padded with 1 (so one inverse serves both)."""
+    two = step == 2
+    below = a[s + 1, s]  # clamped to the last row when s is
+    first, last = a[s, s], a[s + 1, s + 1]
+    if hermitian:
+        first, last = first.real.astype(a.dtype), last.real.astype(a.dtype)
+    zero = jnp.zeros((), a.dtype)
+    return jnp.stack([
+        jnp.stack([first, jnp.where(two, _conj_if(below, hermitian), zero)]),
+        jnp.stack([jnp.where(two, below, zero), jnp.where(two, last, 1)]),
+    ])
+
+
+def _inverse_2x2(d):
+    adjugate = jnp.stack([jnp.stack([d[1, 1], -d[0, 1]]), jnp.stack([-d[1, 0], d[0, 0]])])
+    return adjugate / (d[0, 0] * d[1, 1] - d[0, 1] * d[1, 0])
+
+
+def _block_columns(a, s, step):
+    """Columns s and s+1 (the second only in a 2x2 block) below the block at s; zero elsewhere."""
+    rows = jnp.arange(a.shape[0])[:, None]
+    columns = jnp.take(a, jnp.stack([s, s + 1]), axis=1, mode="clip")
+    return jnp.where((rows >= s + step) & (jnp.arange(2) < step), columns, 0)
+
+
+def _interchange(n, kk, kp):
+    """The row order that exchanges kk and kp."""
+    index = jnp.arange(n)
+    return jnp.where(index == kk, kp, jnp.where(index == kp, kk, index))
+
+
+def _bunch_kaufman_choice(a, k):
+    """sytf2's pivot for column k of the trailing block (stored whole): (kp, step, whether the column
+    is zero or its diagonal nan, which LAPACK reports in info and leaves unfactored)."""
+    index = jnp.arange(a.shape[0])
+    alpha = jnp.asarray(_BUNCH_KAUFMAN_ALPHA, _real_dtype(a))
+    absakk = _cabs1(a[k, k])
+    column = jnp.where(index > k, _cabs1(a[:, k]), 0)
+    imax = jnp.argmax(column)
+    colmax = column[imax]
+    rowmax = jnp.max(jnp.where((index >= k) & (index != imax), _cabs1(a[imax]), 0))
+    singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+    alone = (absakk >= alpha * colmax) | (absakk >= alpha * colmax * (colmax / rowmax))
+    keep = singular | alone
+    kp = jnp.where(keep, k, imax)
+    step = jnp.where(keep | (_cabs1(a[imax, imax]) >= alpha * rowmax), 1, 2)
+    return kp, step, singular
+
+
+def _sytf2_step(hermitian, state):
+    """Column k (and k+1 for a 2x2 block): interchange, store L and D, update the trailing block."""
+    k, a, pivots, info = state
+    n = a.shape[0]
+    kp, step, singular = _bunch_kaufman_choice(a, k)
+    i, j = jnp.indices(a.shape)
+    order = _interchange(n, k + step - 1, kp)
+    a = jnp.where((i >= k) & (j >= k), a[order][:, order], a)
+
+    # W = the columns below D; L = W D^-1, and the trailing block loses L D L^H = L W^H
+    w = jnp.where(singular, 0, _block_columns(a, k, step))
+    d = jnp.where(singular, jnp.eye(2, dtype=a.dtype), _pivot_block(a, k, step, hermitian))
+    lower_factor = _block_product(w, _inverse_2x2(d))
+    a = a - _block_product(lower_factor, _conj_if(w, hermitian).T)
+    in_block = (j == k) | ((j == k + 1) & (step == 2))
+    placed = jnp.where(j == k, lower_factor[:, :1], lower_factor[:, 1:])
+    a = jnp.where(in_block & (i >= k + step) & ~singular, placed, a)
+
+    pivot = jnp.where(step == 2, -(kp + 1), kp + 1).astype(jnp.int32)
+    index = jnp.arange(n)
+    pivots = jnp.where((index == k) | ((index == k + 1) & (step == 2)), pivot, pivots)
+    info = jnp.where((info == 0) & singular, k + 1, info).astype(jnp.int32)
+    return k + step, _symmetric_from_lower(a, hermitian), pivots, info
+
+
+def _sytrf(a, hermitian):
+    n = a.shape[0]
+    state = (0, _symmetric_from_lower(a, hermitian), jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32))
+    _, a, pivots, info = lax.while_loop(lambda s: s[0] < n, lambda s: _sytf2_step(hermitian, s), state)
+    return jnp.tril(a), pivots, info
+
+
+@lower(aten.linalg_ldl_factor_ex)
+def ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    n = a.shape[-1]
+    if n == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    ld, pivots, info = jnp.vectorize(lambda m: _sytrf(m, hermitian), signature="(n,n)->(n,n),(n),()")(a)
+    if check_errors:
+        linalg_check_errors(info, "torch.linalg.ldl_factor_ex", is_matrix=a.ndim == 2)
+    return ld, pivots, info
+
+
+def _block_size(pivots, k):
+    """1 or 2: sytrf marks both rows of a 2x2 block with the negated pivot."""
+    return jnp.where(pivots[k] < 0, 2, 1)
+
+
+def _block_rows(b, s, step):
+    rows = jnp.take(b, jnp.stack([s, s + 1]), axis=0, mode="clip")
+    return jnp.where((jnp.arange(2) < step)[:, None], rows, 0)
+
+
+def _set_block_rows(b, s, step, rows):
+    index = jnp.arange(b.shape[0])[:, None]
+    b = jnp.where(index == s, rows[:1], b)
+    return jnp.where((index == s + 1) & (step == 2), rows[1:], b)
+
+
+def _sytrs_forward(hermitian, ld, pivots, state):
+    """One block of P L D y = b, first to last: interchange, eliminate below, divide by D."""
+    s, b = state
+    step = _block_size(pivots, s)
+    b = b[_interchange(b.shape[0], s + step - 1, jnp.abs(pivots[s]) - 1)]
+    rows = _block_rows(b, s, step)
+    b = b - _block_product(_block_columns(ld, s, step), rows)
+    d_inverse = _inverse_2x2(_pivot_block(ld, s, step, hermitian))
+    return s + step, _set_block_rows(b, s, step, _block_product(d_inverse, rows))
+
+
+def _sytrs_backward(hermitian, ld, pivots, state):
+    """One block of L^H P^T x = y, last to first: subtract the rows below, undo the interchange."""
+    kk, b = state
+    step = _block_size(pivots, kk)
+    s = kk - step + 1
+    below = _conj_if(_block_columns(ld, s, step), hermitian).T
+    b = _set_block_rows(b, s, step, _block_rows(b, s, step) - _block_product(below, b))
+    return s - 1, b[_interchange(b.shape[0], kk, jnp.abs(pivots[kk]) - 1)]
+
+
+def _sytrs(ld, pivots, b, hermitian):
+    n = ld.shape[0]
+    _, b = lax.while_loop(lambda s: s[0] < n, lambda s: _sytrs_forward(hermitian, ld, pivots, s), (0, b))
+    _, b = lax.while_loop(lambda s: s[0] >= 0, lambda s: _sytrs_backward(hermitian, ld, pivots, s), (n - 1, b))
+    return b
+
+
+@lower(aten.linalg_ldl_solve)
+def ldl_solve(ld, pivots, b, *, hermitian=False):
+    if ld.shape[-1] == 0:
+        return jnp.broadcast_to(b, jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2]) + b.shape[-2:])
+    solve = jnp.vectorize(lambda *m: _sytrs(*m, hermitian), signature="(n,n),(n),(n,k)->(n,k)")
+    return solve(ld, pivots, b)
 
 
 # ---------------------------------------------------------------- QR and Householder reflectors
