@@ -31,9 +31,14 @@ def mv(a, v):
     return _product(a, v).astype(a.dtype)
 
 
-@lower(aten.dot, aten.vdot)
+@lower(aten.dot)
 def dot(a, b):
     return jnp.dot(a, b, preferred_element_type=_accumulate(a)).astype(a.dtype)
+
+
+@lower(aten.vdot)
+def vdot(a, b):
+    return dot(jnp.conj(a), b)
 
 
 def _scaled_sum(x, product, beta, alpha, dtype):

@@ -172,8 +172,19 @@ def std(x, dim=None, *, correction=None, keepdim=False):
 def logsumexp(x, dim, keepdim=False):
     from jax.scipy.special import logsumexp as lse
 
+    if jnp.iscomplexobj(x):
+        return _complex_logsumexp(x, _axes(x, dim), keepdim)
     v = x.astype(jnp.float32) if not jnp.issubdtype(x.dtype, jnp.floating) else x
     return lse(v, axis=_axes(x, dim), keepdims=keepdim)
+
+
+def _complex_logsumexp(x, axes, keepdim):
+    """PyTorch's form: the largest real part is taken out (infinite ones are not) and the log of the sum
+    is the principal one (JAX's logsumexp drops the imaginary part)."""
+    largest = jnp.max(x.real, axis=axes, keepdims=True)
+    largest = jnp.where(jnp.isinf(largest), 0, largest)
+    total = jnp.log(jnp.sum(jnp.exp(x - largest), axis=axes, keepdims=True)) + largest
+    return total if keepdim else jnp.squeeze(total, axes)
 
 
 # ord picks the computation, so it must be a Python number
@@ -214,7 +225,35 @@ lower(aten.cumprod)(_scan(jnp.cumprod))
 
 @lower(aten.logcumsumexp)
 def logcumsumexp(x, dim):
-    return x if x.ndim == 0 else lax.cumlogsumexp(x, axis=dim % x.ndim)
+    if x.ndim == 0:
+        return x
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(x, dim % x.ndim)
+    return lax.cumlogsumexp(x, axis=dim % x.ndim)
+
+
+def _complex_logcumsumexp(x, axis):
+    """A sequential scan as the CPU's: each step's log adds to the running imaginary part, which is not
+    brought back to (-pi, pi], so a tree of partial sums (JAX's) can differ from it by multiples of 2 pi."""
+    moved = jnp.moveaxis(x, axis, 0)
+
+    def step(total, value):
+        total = _complex_log_add_exp(value, total)
+        return total, total
+
+    _, out = lax.scan(step, jnp.full(moved.shape[1:], -jnp.inf, x.dtype), moved)
+    return jnp.moveaxis(out, 0, axis)
+
+
+def _complex_log_add_exp(x, y):
+    """log(exp(x) + exp(y)) as PyTorch's _log_add_exp_helper: around the one with the larger real part."""
+    x_lower = x.real <= y.real
+    low, high = jnp.where(x_lower, x, y), jnp.where(x_lower, y, x)
+    both_infinite = jnp.isinf(low.real) & (low.real == high.real)
+    infinite = jnp.where(low.real < 0, low, jnp.log(jnp.exp(low) + jnp.exp(high)))
+    out = jnp.where(both_infinite, infinite, jnp.log1p(jnp.exp(low - high)) + high)
+    nan = jnp.isnan(x.real) | jnp.isnan(x.imag) | jnp.isnan(y.real) | jnp.isnan(y.imag)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), x.dtype), out)
 
 
 @lower(aten.cummax)
