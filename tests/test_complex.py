@@ -30,3 +30,45 @@ def test_complex_logcumsumexp_accumulates_phase_as_the_cpu_does():
     expected = torch.logcumsumexp(x, 1)
     assert expected.imag.abs().max() > math.pi
     assert_same(torch.logcumsumexp(x.to("neuron"), 1), expected)
+
+
+def test_conj_is_a_view_that_aliases_its_input():
+    """x.conj() flags a bit, as on the CPU: writes to either tensor show in the other."""
+    for device in ("cpu", "neuron"):
+        x = torch.tensor([1 + 2j, 3 - 4j], device=device)
+        c = x.conj()
+        assert c.is_conj() and c.imag.is_neg() and not c.clone().is_conj()
+        x.mul_(2)
+        c[0] = 5 + 1j
+        c.add_(1j)
+        results = {
+            "x": x, "c": c, "imag": c.imag, "clone": c.clone(), "item": c[1].item(),
+            "matmul": c.view(1, 2) @ x.view(2, 1), "resolved": c.resolve_conj(), "neg": (-c.imag).clone(),
+        }
+        if device == "cpu":
+            expected = results
+        else:
+            for name, value in results.items():
+                assert_same(value, expected[name]) if isinstance(value, torch.Tensor) else None
+                assert not isinstance(value, torch.Tensor) or value.is_conj() == expected[name].is_conj(), name
+            assert results["item"] == expected["item"]
+
+
+def test_view_as_real_of_a_conjugate_view_raises_as_on_the_cpu():
+    c = torch.tensor([1 + 2j], device="neuron").conj()
+    try:
+        torch.view_as_real(c)
+    except RuntimeError as error:
+        assert "unresolved conjugated tensors" in str(error)
+    else:
+        raise AssertionError("view_as_real accepted a conjugate view")
+
+
+def test_gradient_through_conj_views():
+    x, y = _complex(5), _complex(5)
+    grads = []
+    for device in ("cpu", "neuron"):
+        a = x.detach().to(device).requires_grad_()
+        (a.conj() * y.to(device)).imag.sum().backward()
+        grads.append(a.grad)
+    assert_same(grads[1], grads[0])

@@ -9,7 +9,7 @@ import torch
 from ..ops import rules
 from ..runtime import events
 from ..runtime import tensor as neuron_tensor
-from . import fallback, handlers, views
+from . import fallback, handlers, math_bits, views
 from .executable import Compute
 
 _HANDLERS = {}
@@ -18,7 +18,8 @@ _HANDLERS = {}
 def dispatch(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is None:
-        handler = _HANDLERS[func] = _choose_handler(func)
+        chosen = _choose_handler(func)
+        handler = _HANDLERS[func] = math_bits.wrap_handler(func, chosen, isinstance(chosen, Compute))
     if events.listening:
         return events.op(func, handler, args, kwargs)
     return handler(func, args, kwargs)

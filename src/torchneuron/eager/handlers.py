@@ -328,14 +328,6 @@ def native_batch_norm(func, args, kwargs):
     return aten._native_batch_norm_legit.default(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@handles(aten._conj.default, aten._neg_view.default)
-def lazy_bit_view(func, args, kwargs):
-    """PyTorch's lazy conjugate/negative views flip a bit on the TensorImpl that wrappers do not carry:
-    materialise them (the result no longer aliases its input)."""
-    x = args[0]
-    return aten._conj_physical.default(x) if func is aten._conj.default else aten.neg.default(x)
-
-
 @handles(aten._linalg_det.default, aten._linalg_slogdet.default)
 def determinant(func, args, kwargs):
     """PyTorch factors a real contiguous A through A^T (LAPACK's column-major view of it) and any other A

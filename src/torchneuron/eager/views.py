@@ -4,6 +4,7 @@ import torch
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import check_supported
 from ..runtime.tensor import NeuronTensor, wrap
+from . import math_bits
 from .arguments import fill, template
 
 # view metadata depends only on the input's metadata and the static arguments
@@ -50,8 +51,11 @@ def view(func, args, kwargs):
         # a view of a normal tensor is a normal tensor: autograd gives it its base's version counter, which
         # an inference tensor (made in inference mode) cannot take
         with torch.inference_mode(False):
-            return _wrap_views(source._storage, specs)
-    return _wrap_views(source._storage, specs)
+            out = _wrap_views(source._storage, specs)
+    else:
+        out = _wrap_views(source._storage, specs)
+    math_bits.copy_bits(func, source, out)
+    return out
 
 
 def _wrap_views(storage, specs):

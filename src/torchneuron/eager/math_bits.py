@@ -1,0 +1,157 @@
+"""PyTorch's lazy conjugate and negative bits on neuron tensors.
+
+`x.conj()` of a complex tensor, and `imag` of such a view, are views that flag a bit on the tensor instead of
+computing: they alias `x`, so later writes to either show in both. PyTorch's Conjugate and Negative
+fallbacks resolve a flagged input (through `clone`) before an op that does not know the bits. Only the ops
+that fall through those keys see a flagged neuron tensor: views, whose results keep the bits; `clone` and
+`copy_`, which apply them; and a few that CPU and CUDA kernels resolve themselves (matmuls, norms), whose
+flagged inputs are resolved here.
+"""
+import torch
+
+aten = torch.ops.aten
+
+
+def flagged(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and (tensor.is_conj() or tensor.is_neg())
+
+
+def set_bits(tensor, conj: bool, neg: bool) -> None:
+    torch._C._set_conj(tensor, conj)
+    torch._C._set_neg(tensor, neg)
+
+
+def copy_bits(func, source, views) -> None:
+    """Views of a flagged tensor are flagged alike, as PyTorch's own views are."""
+    if not flagged(source):
+        return
+    if func is aten.view_as_real.default and source.is_conj():
+        raise RuntimeError(
+            "view_as_real doesn't work on unresolved conjugated tensors.  To resolve the conjugate tensor so you "
+            "can view it as real, use self.resolve_conj(); however, be warned that the resulting tensor will NOT "
+            "alias the original."
+        )
+    for view in views if isinstance(views, list) else [views]:
+        set_bits(view, source.is_conj(), source.is_neg())
+
+
+def lazy_bit_view(func, args, kwargs):
+    """_conj and _neg_view: an alias with the bit flipped."""
+    x = args[0]
+    out = aten.alias.default(x)
+    if func is aten._conj.default:
+        torch._C._set_conj(out, not x.is_conj())
+    else:
+        torch._C._set_neg(out, not x.is_neg())
+    return out
+
+
+def _stored(tensor):
+    """An alias of a flagged tensor with its bits cleared: the values its storage holds."""
+    raw = aten.alias.default(tensor)
+    set_bits(raw, False, False)
+    return raw
+
+
+def _apply_bits(values, conj: bool, neg: bool):
+    if conj:
+        values = aten._conj_physical.default(values)
+    return aten.neg.default(values) if neg else values
+
+
+def resolved(tensor):
+    """The values a flagged tensor shows, as a new unflagged tensor (the tensor itself when unflagged)."""
+    if not flagged(tensor):
+        return tensor
+    if tensor.device.type != "neuron":
+        return tensor.resolve_conj().resolve_neg()
+    return _apply_bits(_stored(tensor), tensor.is_conj(), tensor.is_neg())
+
+
+def clone(inner):
+    """clone resolves the bits, as on the CPU: a clone of x.conj() holds the conjugated values, unflagged."""
+    def run(func, args, kwargs):
+        if flagged(args[0]):
+            args = (resolved(args[0]),) + tuple(args[1:])
+        return inner(func, args, kwargs)
+    return run
+
+
+def copy_(inner):
+    """Writing into a flagged view stores the values that the view shows as the ones written (conj and
+    neg are their own inverses); a flagged source is written as the values it shows."""
+    def run(func, args, kwargs):
+        dst, src = args[0], args[1]
+        if not (flagged(dst) or flagged(src)):
+            return inner(func, args, kwargs)
+        values = resolved(src)
+        if flagged(dst):
+            values = _apply_bits(values.to(dst.device), dst.is_conj(), dst.is_neg())
+            inner(func, (_stored(dst), values) + tuple(args[2:]), kwargs)
+            return dst
+        return inner(func, (dst, values) + tuple(args[2:]), kwargs)
+    return run
+
+
+def resolving(inner):
+    """For the other ops that pass the bits through (matmuls, norms): flagged inputs are resolved, and a
+    flagged tensor the op writes (addmm_'s self, an out=) is computed into a resolved copy, then written back."""
+    def run(func, args, kwargs):
+        flat = list(args) + list(kwargs.values())
+        if not any(flagged(t) for t in flat):
+            return inner(func, args, kwargs)
+        copies = {}
+
+        def resolve(value):
+            if flagged(value):
+                copies.setdefault(id(value), (value, resolved(value)))
+                return copies[id(value)][1]
+            return value
+
+        out = inner(func, tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()})
+        written = {id(t) for t in _written_arguments(func, args, kwargs)}
+        back = {}
+        for original, copy in copies.values():
+            if id(original) in written:
+                original.copy_(copy)
+                back[id(copy)] = original
+        if isinstance(out, (tuple, list)):
+            return type(out)(back.get(id(o), o) for o in out)
+        return back.get(id(out), out)
+    return run
+
+
+def _written_arguments(func, args, kwargs) -> list:
+    schema = func._schema.arguments
+    positional = {a.name: args[i] for i, a in enumerate(schema) if i < len(args)}
+    values = {**positional, **kwargs}
+    return [values[a.name] for a in schema
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(values.get(a.name), torch.Tensor)]
+
+
+# their results do not depend on the bits: neg and conj commute with negation and conjugation
+_BIT_BLIND = {aten.neg_.default, aten.conj_physical_.default}
+
+
+def wrap_handler(func, handler, computes: bool):
+    """The handler that keeps the bits' meaning for `func` (views copy them in views.py)."""
+    if func in (aten._conj.default, aten._neg_view.default):
+        return lazy_bit_view
+    if func is aten.clone.default:
+        return clone(handler)
+    if func is aten.copy_.default:
+        return copy_(handler)
+    if computes and func not in _BIT_BLIND and not func.__name__.startswith("empty") and passes_bits(func):
+        return resolving(handler)
+    return handler
+
+
+def passes_bits(func) -> bool:
+    """Whether PyTorch's Conjugate or Negative key lets `func` reach the backend with flagged tensors."""
+    for key in (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative):
+        try:
+            if torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(func.name(), key):
+                return True
+        except RuntimeError:  # no kernel: the fallback resolves the bits first
+            continue
+    return False
