@@ -60,6 +60,21 @@ def test_singular_input_raises_linalg_error_at_synchronisation():
         torch.linalg.cholesky(-torch.eye(3, device="neuron")).cpu()
 
 
+@pytest.mark.parametrize("call", [
+    lambda z: torch.linalg.inv_ex(z, check_errors=True),
+    lambda z: torch.linalg.solve_ex(z, torch.ones(3, device=z.device), check_errors=True),
+    lambda z: torch.linalg.lu_factor_ex(z, check_errors=True),
+    lambda z: torch.linalg.cholesky_ex(z - torch.eye(3, device=z.device), check_errors=True),
+])
+def test_ex_functions_honour_check_errors(call):
+    """The *_ex functions return info, but check_errors=True raises what the CPU raises."""
+    with pytest.raises(Exception) as cpu_error:
+        call(torch.zeros(3, 3))
+    with pytest.raises(type(cpu_error.value)):
+        call(torch.zeros(3, 3, device="neuron"))
+        torch.neuron.synchronize()
+
+
 def _symmetric(n, *batch, dtype=torch.float32, hermitian=False):
     a = torch.randn(*batch, n, n, dtype=dtype)
     return a + (a.mH if hermitian else a.mT)

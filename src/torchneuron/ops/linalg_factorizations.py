@@ -68,6 +68,13 @@ def linalg_check_errors(info, api_name, *, is_matrix):
     require(info == 0, error, f"{api_name}: {message}")
 
 
+def _checked(info, check_errors, api_name, a):
+    """`info`, raising at the next synchronisation when check_errors asks for it (the *_ex ops' flag)."""
+    if check_errors:
+        linalg_check_errors(info, api_name, is_matrix=a.ndim == 2)
+    return info
+
+
 # ---------------------------------------------------------------- LU and its solvers
 
 
@@ -105,7 +112,8 @@ def _lu_solve(lu, pivots, b, left=True, adjoint=False):
 
 @lower(aten.linalg_lu_factor_ex)
 def lu_factor_ex(a, *, pivot=True, check_errors=False):
-    return _lu(a)
+    lu, pivots, info = _lu(a)
+    return lu, pivots, _checked(info, check_errors, "torch.linalg.lu_factor_ex", a)
 
 
 @lower(aten.linalg_lu_solve)
@@ -155,14 +163,14 @@ def solve_ex(a, b, *, left=True, check_errors=False):
     b = b[..., None] if vector else b
     lu, pivots, info = _lu(a)
     x = _lu_solve(lu, pivots, b, left)
-    return (x[..., 0] if vector else x), lu, pivots, info
+    return (x[..., 0] if vector else x), lu, pivots, _checked(info, check_errors, "torch.linalg.solve_ex", a)
 
 
 @lower(aten.linalg_inv_ex)
 def inv_ex(a, *, check_errors=False):
     lu, pivots, info = _lu(a)
     identity = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
-    return _lu_solve(lu, pivots, identity), info
+    return _lu_solve(lu, pivots, identity), _checked(info, check_errors, "linalg.inv_ex", a)
 
 
 def _permutation_sign(pivots, dtype):
@@ -225,7 +233,8 @@ def _cholesky_info(factor):
 @lower(aten.linalg_cholesky_ex)
 def cholesky_ex(a, *, upper=False, check_errors=False):
     lower_factor = lax.linalg.cholesky(a, symmetrize_input=False)
-    return (_mH(lower_factor) if upper else lower_factor), _cholesky_info(lower_factor)
+    info = _checked(_cholesky_info(lower_factor), check_errors, "linalg.cholesky_ex", a)
+    return (_mH(lower_factor) if upper else lower_factor), info
 
 
 @lower(aten.cholesky)
@@ -370,9 +379,7 @@ def ldl_factor_ex(a, *, hermitian=False, check_errors=False):
     if n == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
     ld, pivots, info = jnp.vectorize(lambda m: _sytrf(m, hermitian), signature="(n,n)->(n,n),(n),()")(a)
-    if check_errors:
-        linalg_check_errors(info, "torch.linalg.ldl_factor_ex", is_matrix=a.ndim == 2)
-    return ld, pivots, info
+    return ld, pivots, _checked(info, check_errors, "torch.linalg.ldl_factor_ex", a)
 
 
 def _block_size(pivots, k):
