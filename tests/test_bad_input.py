@@ -325,9 +325,11 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), True, alpha=1.5),
         lambda d: torch.ones(2, 2, dtype=torch.bool, device=d).index_fill_(1, torch.tensor([0], device=d), 1 + 1j),
         lambda d: torch.ones(2, 2, device=d).index_fill(1, torch.tensor([0], device=d), torch.tensor(1j, device=d)),
+        lambda d: torch.multinomial(torch.tensor([1, 2], device=d), 1),
+        lambda d: torch.multinomial(torch.tensor([1.0, 2.0], device=d), 3),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
-         "index_fill-complex-tensor"],
+         "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

@@ -74,3 +74,22 @@ def test_histogram_with_weights_and_density():
     expected, actual = on_both(fn, x, w)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a.cpu(), e)
+
+
+def test_accumulating_boolean_index_put_is_a_logical_or():
+    x = torch.tensor([False, True, False, False])
+    index, values = torch.tensor([0, 0, 1, 2]), torch.tensor([True, True, False, False])
+    expected, got = on_both(lambda x, i, v: x.index_put((i,), v, accumulate=True), x, index, values)
+    assert_same(got, expected)
+
+
+def test_normal_and_linspace_out_forms_run_on_neuron():
+    from torchneuron.eager import fallback
+
+    with fallback.as_error():
+        drawn = torch.empty(20_000, device="neuron")
+        torch.normal(2.0, 3.0, (20_000,), out=drawn)
+        assert abs(drawn.mean().item() - 2) < 0.1 and abs(drawn.std().item() - 3) < 0.1
+        spaced = torch.empty(5, device="neuron")
+        torch.linspace(torch.tensor(1.0, device="neuron"), torch.tensor(3.0, device="neuron"), 5, out=spaced)
+    assert_same(spaced, torch.linspace(1.0, 3.0, 5))

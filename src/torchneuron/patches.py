@@ -273,6 +273,30 @@ def flex_attention_runs_under_aot_analysis() -> None:
             hop.py_impl(_AnalyzeCustomOpInputOutputMode)(unwatched(hop))
 
 
+# out= overload -> the functional overload computing its value
+_MATRIX_RANK_OUTS = {"out": "default", "out_tol_tensor": "tol_tensor", "atol_rtol_tensor_out": "atol_rtol_tensor",
+                     "atol_rtol_float_out": "atol_rtol_float"}
+_LIBRARIES = []
+
+
+@_patch
+def matrix_rank_out_writes_its_out() -> None:
+    """linalg.matrix_rank's out= overloads are composite kernels that rebind their result instead of writing
+    it into `out` when the ops they call go through Python (a tensor subclass, or a dispatch mode: the CPU
+    leaves `out` unwritten under one too). For neuron tensors they compute the functional result and copy
+    it into `out`, above the composite."""
+    library = torch.library.Library("aten", "IMPL")
+    for out_overload, functional in _MATRIX_RANK_OUTS.items():
+        compute = getattr(torch.ops.aten.linalg_matrix_rank, functional)
+
+        def write_out(*args, out, compute=compute, **kwargs):
+            value = compute(*args, **kwargs)
+            return torch._refs._maybe_resize_out(out, value.shape).copy_(value)
+
+        library.impl(f"linalg_matrix_rank.{out_overload}", write_out, "AutogradPrivateUse1")
+    _LIBRARIES.append(library)
+
+
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
                     dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis)
 
@@ -287,6 +311,7 @@ def apply() -> None:
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     inductor_hands_neuron_graphs_to_neuron()
+    matrix_rank_out_writes_its_out()
     apply.done = True
 
 

@@ -82,7 +82,8 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, m, dtype=to_jax(dtype or torch.get_default_dtype()))
 
 
-@lower(aten.linspace.default, static_scalars=True)
+@lower(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor,
+       static_scalars=True)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.linspace(start, end, steps, dtype=jnp.float64).astype(to_jax(dtype or torch.get_default_dtype()))
 

@@ -43,7 +43,9 @@ def index_put(x, indices, values, accumulate=False):
     _check_indices(x, indices)
     key = _advanced_index(x, indices)
     values = values.astype(x.dtype)
-    return x.at[key].add(values) if accumulate else x.at[key].set(values)
+    if not accumulate:
+        return x.at[key].set(values)
+    return x.at[key].max(values) if x.dtype == jnp.bool_ else x.at[key].add(values)  # boolean addition is `or`
 
 
 def _vector_if_scalar(fn):

@@ -8,6 +8,7 @@ from jax import lax
 
 from ..runtime.dtypes import to_jax
 from . import checks
+from .promotion import scalar_type_name
 from .registry import META, lower
 
 aten = torch.ops.aten
@@ -55,6 +56,11 @@ def normal(key, x, mean=0.0, std=1.0, *, generator=None):
     # a complex normal's variance std**2 is split between its parts
     scale = std / math.sqrt(2) if jnp.issubdtype(x.dtype, jnp.complexfloating) else std
     return _drawn(key, x.shape, x.dtype, lambda k, shape, d: mean + jax.random.normal(k, shape, d) * scale)
+
+
+@lower(torch.ops.prims.normal, random=True, static_scalars=True)  # the shape is static
+def prims_normal(key, shape, mean, std, *, dtype, device=None, requires_grad=False, generator=None):
+    return _drawn(key, tuple(shape), to_jax(dtype), lambda k, s, d: mean + jax.random.normal(k, s, d) * std)
 
 
 @lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
@@ -117,6 +123,18 @@ def rand_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, 
 @lower(aten.randn_like, random=True)
 def randn_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return normal(key, jnp.empty(x.shape, to_jax(dtype) if dtype is not None else x.dtype))
+
+
+def _multinomial_meta(probabilities, num_samples, replacement=False, **kwargs):
+    """The CPU kernel's argument checks, which PyTorch's meta kernel leaves out."""
+    torch._check(probabilities.is_floating_point(), lambda: "multinomial only supports floating-point dtypes for "
+                 f"input, got: {scalar_type_name(probabilities.dtype)}")
+    torch._check(replacement or num_samples <= probabilities.size(-1),
+                 lambda: "cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    return aten.multinomial.default(probabilities, num_samples, replacement, **kwargs)
+
+
+META[aten.multinomial.default] = _multinomial_meta
 
 
 @lower(aten.multinomial, random=True)
