@@ -97,8 +97,7 @@ def resolving(inner):
     """For the other ops that pass the bits through (matmuls, norms): flagged inputs are resolved, and a
     flagged tensor the op writes (addmm_'s self, an out=) is computed into a resolved copy, then written back."""
     def run(func, args, kwargs):
-        flat = list(args) + list(kwargs.values())
-        if not any(flagged(t) for t in flat):
+        if not _any_flagged(args, kwargs):
             return inner(func, args, kwargs)
         copies = {}
 
@@ -119,6 +118,14 @@ def resolving(inner):
             return type(out)(back.get(id(o), o) for o in out)
         return back.get(id(out), out)
     return run
+
+
+def _any_flagged(args, kwargs) -> bool:
+    # on every call of the ops it wraps (mm among them): a plain loop, the cheapest test
+    for value in args:
+        if isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg()):
+            return True
+    return bool(kwargs) and any(flagged(value) for value in kwargs.values())
 
 
 def _written_arguments(func, args, kwargs) -> list:
