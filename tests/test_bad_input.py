@@ -327,9 +327,12 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.ones(2, 2, device=d).index_fill(1, torch.tensor([0], device=d), torch.tensor(1j, device=d)),
         lambda d: torch.multinomial(torch.tensor([1, 2], device=d), 1),
         lambda d: torch.multinomial(torch.tensor([1.0, 2.0], device=d), 3),
+        lambda d: torch.index_select(torch.ones(3, 6, device=d), 1, torch.tensor([0, 1], device=d),
+                                     out=torch.empty(1, 6, device=d).expand(2, 6)),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
-         "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories"],
+         "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
+         "index_select-overlapping-out"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

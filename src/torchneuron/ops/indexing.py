@@ -222,6 +222,16 @@ for _op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, aten.index_f
     META[_op] = checked_meta(_check_fill_value, _op)
 
 
+def _check_out_overlap(*args, out, **kwargs):
+    """index_select's CPU kernel refuses an out whose elements overlap before resizing it (its meta resizes)."""
+    if torch._debug_has_internal_overlap(out) == 1:  # 1: it does (2: too costly to tell)
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
+                           "memory location. Please clone() the tensor before performing the operation.")
+
+
+META[aten.index_select.out] = checked_meta(_check_out_overlap, aten.index_select.out)
+
+
 @lower(aten.nonzero, dynamic_shape=True)
 def nonzero(x):
     return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)
