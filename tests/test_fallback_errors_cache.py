@@ -146,6 +146,25 @@ def test_cache_evicts_when_full():
     assert entries == 4 and evictions > 0
 
 
+def test_executables_are_released_near_the_memory_map_limit(monkeypatch):
+    """Past a share of vm.max_map_count every cached executable is dropped (XLA:CPU crashed when a process
+    compiling tens of thousands of shapes ran out of mappings); ops go on, compiling again."""
+    from torchneuron.runtime import cache
+
+    if cache.map_limit() is None:
+        pytest.skip("no /proc/sys/vm/max_map_count (not Linux)")
+    x = torch.arange(6.0, device="neuron")
+    (x * 2).cpu()
+    assert cache.eager_cache.entries
+    monkeypatch.setattr(cache, "MAP_SHARE", cache.map_count() / cache.map_limit() / 2)
+    monkeypatch.setattr(cache, "CHECK_EVERY", 1)
+    released = cache.released
+    assert torch.equal((torch.arange(7.0, device="neuron") + 1).cpu(), torch.arange(7.0) + 1)  # a new program
+    assert cache.released > released and len(cache.eager_cache.entries) <= 1
+    monkeypatch.setattr(cache, "MAP_SHARE", 0.75)
+    assert torch.equal((x * 2).cpu(), torch.arange(6.0) * 2)
+
+
 @pytest.mark.parametrize(
     "bad, error",
     [
