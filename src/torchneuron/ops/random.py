@@ -46,16 +46,24 @@ def _drawn(key, shape, dtype, draw):
     return draw(key, shape, real).astype(dtype)
 
 
+def _uniform(key, shape, dtype, low=0.0, high=1.0):
+    return _drawn(key, shape, dtype, lambda k, s, d: low + jax.random.uniform(k, s, d) * (high - low))
+
+
+def _normal(key, shape, dtype, mean=0.0, std=1.0):
+    # a complex normal's variance std**2 is split between its parts
+    scale = std / math.sqrt(2) if jnp.issubdtype(dtype, jnp.complexfloating) else std
+    return _drawn(key, shape, dtype, lambda k, s, d: mean + jax.random.normal(k, s, d) * scale)
+
+
 @lower(aten.uniform, random=True, static_scalars=True)
 def uniform(key, x, low=0.0, high=1.0, *, generator=None):
-    return _drawn(key, x.shape, x.dtype, lambda k, shape, d: low + jax.random.uniform(k, shape, d) * (high - low))
+    return _uniform(key, x.shape, x.dtype, low, high)
 
 
 @lower(aten.normal_functional, random=True)
 def normal(key, x, mean=0.0, std=1.0, *, generator=None):
-    # a complex normal's variance std**2 is split between its parts
-    scale = std / math.sqrt(2) if jnp.issubdtype(x.dtype, jnp.complexfloating) else std
-    return _drawn(key, x.shape, x.dtype, lambda k, shape, d: mean + jax.random.normal(k, shape, d) * scale)
+    return _normal(key, x.shape, x.dtype, mean, std)
 
 
 @lower(torch.ops.prims.normal, random=True, static_scalars=True)  # the shape is static
@@ -117,12 +125,12 @@ def randperm(key, n, *, dtype=None, layout=None, device=None, pin_memory=None, g
 
 @lower(aten.rand_like, random=True)
 def rand_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return uniform(key, jnp.empty(x.shape, to_jax(dtype) if dtype is not None else x.dtype))
+    return _uniform(key, x.shape, to_jax(dtype) if dtype is not None else x.dtype)
 
 
 @lower(aten.randn_like, random=True)
 def randn_like(key, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return normal(key, jnp.empty(x.shape, to_jax(dtype) if dtype is not None else x.dtype))
+    return _normal(key, x.shape, to_jax(dtype) if dtype is not None else x.dtype)
 
 
 def _multinomial_meta(probabilities, num_samples, replacement=False, **kwargs):
