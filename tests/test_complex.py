@@ -72,3 +72,45 @@ def test_gradient_through_conj_views():
         (a.conj() * y.to(device)).imag.sum().backward()
         grads.append(a.grad)
     assert_same(grads[1], grads[0])
+
+
+def _chalf(*shape):
+    return _complex(*shape).to(torch.complex32)
+
+
+def test_complex32_rounds_each_part_to_float16_as_the_cpu_does():
+    x, y = _chalf(6), _chalf(6)
+    for result in (lambda a, b: a * b, lambda a, b: a + b * 3, lambda a, b: a - b.conj()):
+        assert_same(result(x.to("neuron"), y.to("neuron")), result(x, y), rtol=0, atol=0)
+    half = torch.randn(4, dtype=torch.float16)
+    assert_same(half.to("neuron") + (1 - 2j), half + (1 - 2j), rtol=0, atol=0)
+    assert_same(torch.complex(half.to("neuron"), half.to("neuron")), torch.complex(half, half))
+    assert_same(x.to("neuron").to(torch.complex64), x.to(torch.complex64))
+    assert_same(torch.ones(3, device="neuron").to(torch.complex32), torch.ones(3).to(torch.complex32))
+
+
+def test_complex32_is_float16_pairs_in_memory():
+    x = _chalf(5)
+    on_neuron = x.to("neuron")
+    for dtype in (torch.float16, torch.int16, torch.float32):
+        assert_same(on_neuron.view(dtype), x.view(dtype))
+    for tensor in (x, on_neuron):
+        torch.view_as_real(tensor)[2, 1] = 7.0
+    assert_same(on_neuron, x)
+    assert on_neuron[2].item() == complex(x[2].real.item(), 7.0)
+    assert_same(torch.view_as_complex(torch.view_as_real(on_neuron)), torch.view_as_complex(torch.view_as_real(x)))
+
+
+def test_complex32_results_of_compiled_and_adaptive_programs_keep_their_dtype():
+    x = _chalf(5)
+
+    def step(a):
+        return (a * a + 1) * 3, torch.view_as_real(a * a)
+
+    expected = step(x)
+    with torch.neuron.adaptive_eager(True):
+        queued = step(x.to("neuron"))
+    compiled = torch.compile(step, backend="neuron")(x.to("neuron"))
+    for got in (queued, compiled):
+        for g, e in zip(got, expected):
+            assert_same(g, e)

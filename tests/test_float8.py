@@ -218,8 +218,7 @@ def test_float8_products_round_and_saturate_as_on_the_cpu(mode, float8):
     assert got.dtype == float8 and torch.equal(got.float().cpu(), expected)
 
 
-UNSUPPORTED = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2,
-               torch.complex32]
+UNSUPPORTED = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2]
 PATHS = {
     "to-neuron": lambda dtype: torch.empty(4, dtype=dtype).to("neuron"),
     "empty": lambda dtype: torch.empty(4, dtype=dtype, device="neuron"),

@@ -19,6 +19,7 @@ from ..eager import adaptive, transfers
 from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
+from ..runtime.dtypes import to_torch
 from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of
 from ..runtime.tensor import NeuronTensor, wrap, wrap_buffer
 from . import disk_cache
@@ -44,6 +45,8 @@ class CompiledGraph:
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
         self.out_aliases = _output_aliases(leaves)
+        # a result's dtype is the graph's, not its array's: complex32 is carried as complex64
+        self.out_dtypes = [getattr(getattr(v, "meta", {}).get("val"), "dtype", None) for v in leaves]
         self.default_device = _meta_device(gm)
         # a graph with collectives runs as one program of all its group's ranks (ops.collectives)
         self.group = collectives.group_of(gm)
@@ -159,7 +162,7 @@ class _Program:
         array_outputs, constants = [], {}
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if i in positions else a for i, a in enumerate(args)]
-        gm, sources, aliases = graph.gm, graph.out_sources, graph.out_aliases
+        gm, sources, aliases, dtypes = graph.gm, graph.out_sources, graph.out_aliases, graph.out_dtypes
         self.aliases = aliases
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
@@ -175,7 +178,7 @@ class _Program:
                 if source is not None or j in aliases:
                     continue
                 if isinstance(value, jax.Array):
-                    array_outputs.append((j, value.shape))
+                    array_outputs.append((j, value.shape, dtypes[j] or to_torch(value.dtype)))
                     arrays.append(value.reshape(-1))
                 else:
                     constants[j] = value
@@ -230,8 +233,8 @@ class _Program:
         outputs = [None if source is None else args[source] for source in self.sources]
         for j, value in self.constants.items():
             outputs[j] = value
-        for (j, shape), array in zip(self.array_outputs, results[n_written:]):
-            outputs[j] = wrap_buffer(array, shape, self.device_index)
+        for (j, shape, dtype), array in zip(self.array_outputs, results[n_written:]):
+            outputs[j] = wrap_buffer(array, shape, dtype, self.device_index)
         for j, aliased in self.aliases.items():
             base = outputs[aliased]
             outputs[j] = wrap(base._storage, *base._spec[:4])

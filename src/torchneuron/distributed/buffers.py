@@ -22,8 +22,8 @@ def _is_whole_storage(tensor) -> bool:
 
 
 @functools.cache
-def _reader(spec):
-    return jax.jit(lambda buffer: read_view(buffer, spec).reshape(-1))
+def _reader(spec, storage_dtype):
+    return jax.jit(lambda buffer: read_view(buffer, spec, storage_dtype).reshape(-1))
 
 
 @functools.cache
@@ -45,7 +45,7 @@ def flat(tensor) -> jax.Array:
     _flush_queued_ops()
     if _is_whole_storage(tensor):
         return tensor._storage.buffer
-    return _reader(tensor._spec)(tensor._storage.buffer)
+    return _reader(tensor._spec, tensor._storage.dtype)(tensor._storage.buffer)
 
 
 def write(tensor, values: jax.Array) -> None:

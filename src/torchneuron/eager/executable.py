@@ -16,7 +16,7 @@ import torch
 from ..ops import checks, registry, rules
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import UnsupportedDtype, convert, to_jax
+from ..runtime.dtypes import UnsupportedDtype, convert_to
 from ..runtime.program import StorageProgram
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
@@ -358,7 +358,7 @@ def _build_output(plan, tensors, fresh):
 def _materialize(value, spec):
     """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
     shape, stride, offset, dtype = spec
-    value = jax.numpy.broadcast_to(convert(value, to_jax(dtype)), shape)
+    value = jax.numpy.broadcast_to(convert_to(value, dtype), shape)
     if offset == 0 and layout.is_contiguous(shape, stride):
         return value.reshape(-1)
     numel = layout.storage_extent(shape, stride, offset)

@@ -8,6 +8,7 @@ from torch._prims_common import suggest_memory_format
 from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
+from ..runtime.dtypes import to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import out_dtypes, transfers
@@ -206,7 +207,7 @@ def _value(tensor: NeuronTensor):
 
 
 def from_array(array, device_index: int) -> NeuronTensor:
-    return wrap_buffer(array.reshape(-1), array.shape, device_index)
+    return wrap_buffer(array.reshape(-1), array.shape, to_torch(array.dtype), device_index)
 
 
 def data_dependent(func, args, kwargs):

@@ -10,7 +10,7 @@ aten = torch.ops.aten
 
 def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
     """A new contiguous neuron tensor holding a CPU tensor's values."""
-    return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, device_index)
+    return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, tensor.dtype, device_index)
 
 
 def row_major_buffer(tensor: NeuronTensor):
@@ -47,4 +47,5 @@ def bring_to_device(tensors: list) -> None:
 
 
 def move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, device_index)
+    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, tensor.dtype,
+                       device_index)

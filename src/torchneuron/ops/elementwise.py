@@ -6,7 +6,7 @@ import torch
 from jax import lax
 
 from ..runtime.dtypes import convert
-from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, promote, scalar_type_name
+from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, opmath, promote, scalar_type_name
 from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
@@ -223,7 +223,8 @@ def _complex_meta(op):
 
 
 def _complex_from_parts(real, imag):
-    return lax.complex(*jnp.broadcast_arrays(real, imag))
+    # float16 parts make complex32, carried as complex64 (runtime.dtypes)
+    return lax.complex(*jnp.broadcast_arrays(opmath(real), opmath(imag)))
 
 
 @lower(aten.complex.default, meta=_complex_meta(aten.complex.default))
@@ -244,7 +245,7 @@ def view_as_real(x):
 
 @lower(aten.view_as_complex, aten.view_as_complex_copy)
 def view_as_complex(x):
-    return lax.complex(x[..., 0], x[..., 1])
+    return _complex_from_parts(x[..., 0], x[..., 1])
 
 
 # out= overloads have no lowering of their own, only these checks

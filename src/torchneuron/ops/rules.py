@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 import torch.fx
 
-from ..runtime.dtypes import convert, tensor_to_numpy, to_jax
+from ..runtime.dtypes import convert_to, tensor_to_numpy
 from . import collectives, registry
 
 
@@ -164,9 +164,7 @@ class MissingLowering(NotImplementedError):
 
 def _cast_like(value, meta):
     if isinstance(meta, torch.Tensor) and hasattr(value, "dtype"):
-        wanted = to_jax(meta.dtype)
-        if value.dtype != wanted:
-            return convert(value, wanted)
+        return convert_to(value, meta.dtype)
     return value
 
 

@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
+from jax import lax
 
 _TORCH_TO_JAX = {
     torch.float32: jnp.float32,
@@ -24,6 +25,10 @@ _TORCH_TO_JAX = {
     torch.float8_e5m2: jnp.float8_e5m2,
 }
 _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+# XLA has no complex32. Its values are carried as complex64 whose parts are float16 values: rounded
+# wherever a complex32 value is made (`convert_to`), and laid out as float16 pairs wherever a view
+# reinterprets its bytes (layout). Computation on it is in complex64, PyTorch's opmath for complex32.
+_TORCH_TO_JAX[torch.complex32] = jnp.complex64
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # numpy cannot hold these, so host transfers reinterpret their bits.
@@ -68,6 +73,16 @@ def convert(value, dtype):
     return value.astype(dtype)
 
 
+def convert_to(value, dtype: torch.dtype):
+    """`value` (a JAX array) as the torch dtype `dtype`, converted as PyTorch converts."""
+    wanted = to_jax(dtype)
+    if value.dtype != wanted:
+        value = convert(value, wanted)
+    if dtype == torch.complex32:
+        value = lax.complex(*(part.astype(jnp.float16).astype(jnp.float32) for part in (value.real, value.imag)))
+    return value
+
+
 def to_torch(dtype) -> torch.dtype:
     return _JAX_TO_TORCH[np.dtype(dtype)]
 
@@ -76,6 +91,8 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as a numpy array (sharing memory where numpy can)."""
     check_supported(tensor.dtype)
     tensor = tensor.detach().resolve_conj().resolve_neg()
+    if tensor.dtype == torch.complex32:
+        tensor = tensor.to(torch.complex64)
     if tensor.dtype in _BITCAST_FOR_HOST:
         carrier, np_dtype = _BITCAST_FOR_HOST[tensor.dtype]
         return tensor.view(carrier).numpy().view(np_dtype)
@@ -85,6 +102,8 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
 def numpy_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor owning a copy of `array`, whose dtype corresponds to `dtype`."""
     array = np.array(array, copy=True)
+    if dtype == torch.complex32:
+        return torch.from_numpy(array).to(dtype)
     if dtype in _BITCAST_FOR_HOST:
         carrier, _ = _BITCAST_FOR_HOST[dtype]
         return torch.from_numpy(array.view(_NUMPY_CARRIER[carrier])).view(dtype)

@@ -11,9 +11,10 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
-from .dtypes import convert, to_jax
+from .dtypes import convert_to, to_jax
 
 
 def contiguous_strides(shape) -> tuple:
@@ -130,11 +131,11 @@ def write(buffer, value, shape, stride, offset):
     return lax.dynamic_update_slice(buffer, region, (offset,))
 
 
-def read_view(buffer, spec, offset=None):
-    """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`;
-    `offset`, when given, is a traced element offset that replaces the spec's."""
+def read_view(buffer, spec, storage_dtype, offset=None):
+    """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`
+    (of storage_dtype); `offset`, when given, is a traced element offset that replaces the spec's."""
     shape, stride, static_offset, dtype, _ = spec
-    flat = _reinterpret(buffer, to_jax(dtype))
+    flat = _as_view_dtype(buffer, storage_dtype, dtype)
     if offset is None:
         return read(flat, shape, stride, static_offset)
     return read(_window(flat, offset, shape, stride), shape, stride, 0)
@@ -144,19 +145,31 @@ def write_view(buffer, value, spec, storage_dtype, offset=None):
     """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec (`offset`
     as in read_view)."""
     shape, stride, static_offset, dtype, _ = spec
-    wanted = to_jax(dtype)
-    flat, value = _reinterpret(buffer, wanted), convert(value, wanted)
+    flat, value = _as_view_dtype(buffer, storage_dtype, dtype), convert_to(value, dtype)
     if offset is None:
         written = write(flat, value, shape, stride, static_offset)
     else:
         window = write(_window(flat, offset, shape, stride), value, shape, stride, 0)
         written = lax.dynamic_update_slice(flat, window, (offset,))
-    return _reinterpret(written, to_jax(storage_dtype))
+    return _as_view_dtype(written, dtype, storage_dtype)
 
 
 def _window(flat, offset, shape, stride):
     """The elements a view starting at the traced `offset` spans."""
     return lax.dynamic_slice(flat, (offset,), (storage_extent(shape, stride),))
+
+
+def _as_view_dtype(flat, from_dtype, to_dtype):
+    """A flat buffer of the torch dtype `from_dtype` as one of `to_dtype` over the same bytes; complex32,
+    carried as complex64, is float16 pairs in memory."""
+    if from_dtype == to_dtype:
+        return flat
+    if from_dtype == torch.complex32:
+        flat = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1).astype(jnp.float16)
+    if to_dtype == torch.complex32:
+        pairs = _reinterpret(flat, jnp.float16).reshape(-1, 2).astype(jnp.float32)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    return _reinterpret(flat, to_jax(to_dtype))
 
 
 def _reinterpret(flat, dtype):

@@ -38,7 +38,8 @@ class StorageProgram:
         def function(*flat):
             buffers = dict(zip(argument_storages, flat[:n_buffers]))
             offsets = flat[n_buffers : n_buffers + n_offsets] if n_offsets else [None] * len(specs)
-            values = [layout.read_view(buffers[p], spec, offset) for spec, p, offset in zip(specs, pattern, offsets)]
+            values = [layout.read_view(buffers[p], spec, storage_dtypes[p], offset)
+                      for spec, p, offset in zip(specs, pattern, offsets)]
             results, new_values = compute(values, flat[n_buffers + n_offsets :])
             for i in mutated_inputs:
                 p = pattern[i]

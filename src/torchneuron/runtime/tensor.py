@@ -125,12 +125,10 @@ def new_contiguous_tensor(flat, shape: tuple, stride: tuple, dtype: torch.dtype,
     return tensor
 
 
-def wrap_buffer(flat, shape, device_index: int) -> NeuronTensor:
-    """A new contiguous tensor of `shape` owning the flat device buffer `flat` (its dtype is the tensor's)."""
-    from .dtypes import to_torch
-
+def wrap_buffer(flat, shape, dtype, device_index: int) -> NeuronTensor:
+    """A new contiguous tensor of `shape` and `dtype` owning the flat device buffer `flat`."""
     shape = tuple(shape)
-    return new_contiguous_tensor(flat, shape, contiguous_strides(shape), to_torch(flat.dtype), device_index)
+    return new_contiguous_tensor(flat, shape, contiguous_strides(shape), dtype, device_index)
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
