@@ -233,3 +233,12 @@ def test_a_loop_over_positions_compiles_a_few_programs_not_one_per_position(adap
     # four ops with views, each compiled for its first offsets and once with offsets as arguments (one per
     # position otherwise: 160)
     assert compiled <= 8, compiled
+
+
+def test_a_view_of_a_storage_of_another_dtype_gets_its_own_program():
+    """The same view (shape, strides, dtype) over a storage of another dtype reads other bytes."""
+    ints = torch.tensor([1, 2, 3], dtype=torch.int32)
+    floats = torch.tensor([1.0, 2.0, 3.0]).view(torch.int32)
+    for same_view in (ints, floats):
+        assert_same(same_view.to("neuron") + 1, same_view + 1)
+    assert_same(torch.tensor([1.0, 2.0, 3.0], device="neuron").view(torch.int32) + 1, floats + 1)

@@ -66,7 +66,7 @@ class CompiledGraph:
         key = (
             tuple(t._spec for t in tensors),
             tuple(pattern),
-            tuple(s.numel for s in storages),
+            tuple((s.numel, s.dtype) for s in storages),  # as in eager: the storages' dtypes are part of the program
             tuple(a for i, a in enumerate(args) if i not in positions),
         )
         program = self.specialisations.get(key)

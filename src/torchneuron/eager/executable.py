@@ -68,7 +68,7 @@ class Compute:
                 anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
                 entry = anywhere and eager_cache.get(anywhere)
                 if entry is None:
-                    entry = Executable(self, targs, tkwargs, tensors, [i for _, i, _ in views], storages, scalars,
+                    entry = Executable(self, targs, tkwargs, tensors, [v[1] for v in views], storages, scalars,
                                        traced_offsets=anywhere is not None)
                     key = anywhere if entry.traced_offsets else key
                     eager_cache.put(key, entry)
@@ -96,7 +96,9 @@ def _storage_views(tensors):
         if i is None:
             i = index[s] = len(storages)
             storages.append(s)
-        views.append((t._spec, i, s.numel))
+        # the storage's dtype too: a view's dtype may differ from it (view(dtype)), and complex32 storages
+        # share their carrier with complex64 ones
+        views.append((t._spec, i, s.numel, s.dtype))
     return storages, views
 
 
@@ -108,9 +110,9 @@ def _offsets_as_arguments(key, views):
     other offsets (else None: one offset is compiled in, as most views' is)."""
     func, targs, tkwargs, _, scalar_types, default_dtype = key
     # each spec keeps its place for the offset (None), as the profiler reads keys by position
-    anywhere = (func, targs, tkwargs, tuple((s[:2] + (None,) + s[3:], i, n) for s, i, n in views), scalar_types,
+    anywhere = (func, targs, tkwargs, tuple((s[:2] + (None,) + s[3:], *rest) for s, *rest in views), scalar_types,
                 default_dtype, "offsets as arguments")
-    offsets = tuple(s[2] for s, _, _ in views)
+    offsets = tuple(v[0][2] for v in views)
     first = _first_offsets.get(anywhere)
     if first is None:
         if len(_first_offsets) >= eager_cache.capacity:
