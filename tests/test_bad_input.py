@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from torchneuron.eager import fallback
 
+from conftest import assert_same
+
 
 def test_python_scalar_type_decides_the_result_dtype_not_a_cached_executable():
     """1, 1.0, True and 1+0j are equal and hash alike; each promotes differently."""
@@ -338,6 +340,59 @@ def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
     RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans)."""
     raises_like_cpu(bad)
+
+
+def _complex_pair(d):
+    return torch.tensor([1 + 2j, 3 - 1j], device=d)
+
+
+# XLA would answer each of these (it orders complex numbers lexicographically, multiplies bool matrices)
+REFUSED_DTYPES = {
+    "lt-complex": lambda d: _complex_pair(d) < _complex_pair(d),
+    "maximum-complex": lambda d: torch.maximum(_complex_pair(d), _complex_pair(d)),
+    "sort-complex": lambda d: torch.sort(_complex_pair(d)),
+    "max-complex": lambda d: _complex_pair(d).max(),
+    "clamp-complex": lambda d: _complex_pair(d).clamp(0, 1),
+    "sign-complex": lambda d: _complex_pair(d).sign(),
+    "unique-complex": lambda d: torch.unique(_complex_pair(d)),
+    "mm-bool": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+    "softmax-int": lambda d: torch.arange(4, device=d).softmax(0),
+    "ceil-bool": lambda d: torch.ones(2, dtype=torch.bool, device=d).ceil(),
+    "soft_margin_loss-int": lambda d: F.soft_margin_loss(torch.ones(2, dtype=torch.long, device=d),
+                                                         torch.ones(2, dtype=torch.long, device=d)),
+    "lt-complex-compiled": lambda d: torch.compile(torch.lt, backend="neuron" if d == "neuron" else "inductor")(
+        _complex_pair(d), _complex_pair(d)),
+}
+
+
+@pytest.mark.parametrize("bad", REFUSED_DTYPES.values(), ids=REFUSED_DTYPES.keys())
+def test_dtypes_the_cpu_kernel_refuses_are_refused_with_its_error(bad):
+    raises_like_cpu(bad)
+
+
+def test_dtypes_the_cpu_kernel_accepts_still_run():
+    ints, mask = torch.arange(6).reshape(2, 3), torch.tensor([[True, False, True], [False, True, True]])
+    for op in (lambda i, m: i[m], lambda i, m: i.max(), lambda i, m: (i * 2).sort(descending=True).values,
+               lambda i, m: torch.where(m, i, -i), lambda i, m: m & ~m, lambda i, m: i @ i.T,
+               lambda i, m: _complex_pair(i.device) * 2j, lambda i, m: _complex_pair(i.device) == 1 + 2j):
+        assert_same(op(ints.to("neuron"), mask.to("neuron")), op(ints, mask))
+
+
+def test_dropout_of_complex_input_is_refused_as_by_cpu_and_cuda_kernels():
+    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+        F.dropout(_complex_pair("cpu"), 0.5)
+    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+        F.dropout(_complex_pair("neuron"), 0.5)
+
+
+def test_dtypes_cuda_takes_beyond_the_cpu_run_as_on_cuda():
+    """Code written for accelerators relies on them: Hugging Face's Mixtral counts experts with an int32
+    histc (float32 on the CPU, which refuses integers); complex32 math is CUDA's, in complex64."""
+    experts = torch.tensor([0, 3, 1, 3, 3])
+    counts = torch.histc(experts.to("neuron", torch.int32), bins=4, min=0, max=4)
+    assert_same(counts, torch.histc(experts.float(), bins=4, min=0, max=4).int())
+    half = torch.tensor([0.5 + 1j, -2j], dtype=torch.complex32)
+    assert_same(half.to("neuron").exp(), half.to(torch.complex64).exp().to(torch.complex32))
 
 
 def test_uint8_masks_warn_they_are_deprecated_as_on_the_cpu():

@@ -12,10 +12,11 @@ import hashlib
 import jax
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from ..runtime import rng
-from ..eager import adaptive, transfers
+from ..eager import adaptive, cpu_dtypes, transfers
 from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
@@ -40,6 +41,9 @@ class CompiledGraph:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated = _mutated_inputs(gm, placeholders)
         self.random = any(_is_op(n) and rules.rule(n.target).random for n in gm.graph.nodes)
+        # raised when the graph runs, as Inductor's programs raise the CPU kernel's error (Dynamo would wrap
+        # one raised while compiling)
+        self.refused = _cpu_dtype_refusal(gm)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         leaves, self.out_spec = pytree.tree_flatten(output.args[0])
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
@@ -55,6 +59,8 @@ class CompiledGraph:
         self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
 
     def __call__(self, args):
+        if self.refused is not None:
+            raise self.refused
         args = list(args)
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensors = [args[i] for i in positions]
@@ -104,6 +110,23 @@ def _output_aliases(leaves) -> dict:
             aliased = aliases[aliased]
         aliases[j] = aliased
     return aliases
+
+
+def _cpu_dtype_refusal(gm):
+    """The error of the first op whose CPU kernel refuses its dtypes, as eager raises it (eager.cpu_dtypes):
+    asked once, here, of real CPU tensors (the compiler's fake mode is still on)."""
+    with unset_fake_temporarily():
+        for node in gm.graph.nodes:
+            if not _is_op(node):
+                continue
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+            leaves = pytree.tree_leaves((args, kwargs))
+            if any(isinstance(v, torch.SymInt) for t in leaves if isinstance(t, torch.Tensor) for v in t.shape):
+                continue
+            error = cpu_dtypes.refusal(node.target, args, kwargs)
+            if error is not None:
+                return error
+    return None
 
 
 def _is_op(node) -> bool:

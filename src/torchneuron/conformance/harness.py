@@ -30,7 +30,9 @@ DTYPES = (
     torch.int32,
     torch.bool,
 )
-CHECKS = ("forward", "grad", "inplace", "out", "errors")
+CHECKS = ("forward", "grad", "inplace", "out", "errors", "refused")
+# dtypes an op's kernels may not take: where neither the CPU's nor CUDA's does, neuron must refuse it too
+REFUSABLE_DTYPES = (torch.complex64, torch.bool, torch.int64)
 PASS, FAIL, FALLBACK = "pass", "fail", "fallback"
 
 # their values are uninitialised memory: only shapes and dtypes can be compared
@@ -96,6 +98,9 @@ def planned(op, checks=CHECKS, dtypes=DTYPES) -> list:
     plan += [("inplace", torch.float32)] if op.inplace_variant is not None and float32 else []
     plan += [("out", torch.float32)] if op.supports_out and float32 else []
     plan += [("errors", None)] if op.error_inputs_func is not None else []
+    cpu_dtypes = op.supported_dtypes("cpu")  # none: a CUDA-only op, which has nothing to refuse like the CPU
+    plan += [("refused", d) for d in REFUSABLE_DTYPES if cpu_dtypes and d not in cpu_dtypes
+             and d not in op.supported_dtypes("cuda")]
     return [(check, dtype) for check, dtype in plan if check in checks]
 
 
@@ -590,4 +595,18 @@ def _errors(op, dtype, limit):
             _expect_error(error, lambda: _call(op, _on_neuron(op, sample)))
 
 
-_CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors)
+def _refused(op, dtype, limit):
+    """A sample in a dtype neither the CPU's nor CUDA's kernel takes: where the CPU raises, neuron must
+    raise the same type of exception, not answer."""
+    try:
+        samples = list(_samples(op, dtype, False, limit))
+    except Exception:  # noqa: BLE001  (OpInfo cannot make samples in a dtype it does not list: none to try)
+        return
+    for sample in samples:
+        try:
+            _call(op, _cloned(sample))
+        except Exception as error:  # noqa: BLE001
+            _expect_error(error, lambda: _call(op, _on_neuron(op, sample)))
+
+
+_CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors, refused=_refused)

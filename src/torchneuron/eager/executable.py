@@ -21,7 +21,7 @@ from ..runtime.program import StorageProgram
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from ..runtime.transfer import device_scalar
-from . import adaptive, fallback, out_dtypes, transfers, views
+from . import adaptive, cpu_dtypes, fallback, out_dtypes, transfers, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -161,6 +161,7 @@ class Executable:
         meta_args = fill(targs, meta_tensors, scalars)
         meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
         rule = op.rule
+        cpu_dtypes.check(rule.op, meta_args, meta_kwargs)
         if op.drop_kwargs:
             out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
         try:

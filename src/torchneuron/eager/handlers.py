@@ -11,7 +11,7 @@ from ..runtime import storage, transfer
 from ..runtime.dtypes import to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
-from . import out_dtypes, transfers
+from . import cpu_dtypes, out_dtypes, transfers
 from .executable import Compute, devices_differ
 
 aten = torch.ops.aten
@@ -216,6 +216,7 @@ def data_dependent(func, args, kwargs):
 
     if is_out(func):
         return _data_dependent_out(func, args, kwargs)
+    cpu_dtypes.check_once_per_dtypes(func, args, kwargs)
     from torch.utils._pytree import tree_map
 
     device_index = next(a.device.index for a in torch.utils._pytree.tree_leaves((args, kwargs))

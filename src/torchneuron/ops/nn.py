@@ -11,8 +11,8 @@ from ..runtime.dtypes import to_torch
 from . import checks
 from .rules import vjp
 from .pooling import per_dim, window_slice
-from .promotion import cast, opmath
-from .registry import META, lower, meta_like_input
+from .promotion import cast, opmath, scalar_type_name
+from .registry import META, checked_meta, lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -414,7 +414,15 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     return dx, dw, db
 
 
-@lower(aten.native_dropout, random=True, static_scalars=True)  # branches on p
+def _check_dropout_dtype(x, p, train):
+    """Dropout of complex input: the CPU's composite dropout refuses it at its bernoulli mask and CUDA's
+    fused kernel refuses it; PyTorch's meta kernel (a decomposition) fails with another error."""
+    if x.is_complex():
+        raise NotImplementedError(f'"native_dropout" not implemented for \'{scalar_type_name(x.dtype)}\'')
+
+
+@lower(aten.native_dropout, random=True, static_scalars=True,  # branches on p
+       meta=checked_meta(_check_dropout_dtype, aten.native_dropout.default))
 def native_dropout(key, x, p, train):
     if not train:
         return x, jnp.ones(x.shape, jnp.bool_)
