@@ -1,6 +1,5 @@
 """Host <-> device transfers."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -62,12 +61,14 @@ _MAX_SCALARS = 4096
 def device_scalar(value: float, device_index: int) -> jax.Array:
     """A Python float as a weakly typed 0-d array on the device, kept for reuse: given the float itself,
     a jitted call copies it to the device on every call (about 3 us each on XLA:CPU). Weak typing keeps
-    the float's promotion (a float32 tensor plus it stays float32) and the executable's signature."""
+    the float's promotion (a float32 tensor plus it stays float32) and the executable's signature.
+    Put as a host value, not made by `jnp.asarray`: that runs a device computation, which waits behind the
+    programs queued before it (an optimizer's new step size each step waited for the backward pass)."""
     # the type: 1, 1.0 and True are equal keys otherwise; str: 0.0 and -0.0 are
     key = (type(value), value if value else str(value), device_index)
     array = _scalars.get(key)
     if array is None:
         if len(_scalars) >= _MAX_SCALARS:
             _scalars.clear()
-        array = _scalars[key] = jax.device_put(jnp.asarray(value), jax_device(device_index))
+        array = _scalars[key] = jax.device_put(value, jax_device(device_index))
     return array
