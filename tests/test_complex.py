@@ -114,3 +114,10 @@ def test_complex32_results_of_compiled_and_adaptive_programs_keep_their_dtype():
     for got in (queued, compiled):
         for g, e in zip(got, expected):
             assert_same(g, e)
+
+
+def test_complex32_results_of_data_dependent_ops_keep_their_dtype():
+    x, mask = _chalf(6), torch.tensor([True, False, True, True, False, True])
+    assert_same(torch.masked_select(x.to("neuron"), mask.to("neuron")), torch.masked_select(x, mask))
+    assert_same(torch.masked_select(x.to("neuron").to(torch.complex64), mask.to("neuron")),
+                torch.masked_select(x.to(torch.complex64), mask))

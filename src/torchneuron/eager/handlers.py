@@ -8,7 +8,7 @@ from torch._prims_common import suggest_memory_format
 from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
-from ..runtime.dtypes import to_torch
+from ..runtime.dtypes import convert_to, to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import cpu_dtypes, out_dtypes, transfers
@@ -206,8 +206,18 @@ def _value(tensor: NeuronTensor):
     return transfers.row_major_buffer(tensor).reshape(tensor.shape)
 
 
-def from_array(array, device_index: int) -> NeuronTensor:
-    return wrap_buffer(array.reshape(-1), array.shape, to_torch(array.dtype), device_index)
+def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:
+    """`carried_complex`: the dtype a complex64 array stands for (complex32 is carried as complex64)."""
+    dtype = to_torch(array.dtype)
+    if dtype == torch.complex64 and carried_complex != dtype:
+        return wrap_buffer(convert_to(array, carried_complex).reshape(-1), array.shape, carried_complex, device_index)
+    return wrap_buffer(array.reshape(-1), array.shape, dtype, device_index)
+
+
+def _carried_complex(tensors) -> torch.dtype:
+    """complex32 where it is the widest complex input: XLA computed it in complex64, PyTorch keeps it."""
+    complex_dtypes = {t.dtype for t in tensors if t.dtype.is_complex}
+    return torch.complex32 if complex_dtypes == {torch.complex32} else torch.complex64
 
 
 def data_dependent(func, args, kwargs):
@@ -219,11 +229,11 @@ def data_dependent(func, args, kwargs):
     cpu_dtypes.check_once_per_dtypes(func, args, kwargs)
     from torch.utils._pytree import tree_map
 
-    device_index = next(a.device.index for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                        if isinstance(a, NeuronTensor))
+    tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
+    device_index, carried_complex = tensors[0].device.index, _carried_complex(tensors)
     concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
     out = LOWERINGS[func](*concrete[0], **concrete[1])
-    return tree_map(lambda a: from_array(a, device_index) if hasattr(a, "dtype") else a, out)
+    return tree_map(lambda a: from_array(a, device_index, carried_complex) if hasattr(a, "dtype") else a, out)
 
 
 def _data_dependent_out(func, args, kwargs):
