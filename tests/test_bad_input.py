@@ -3,6 +3,7 @@ raises the CPU's exception type on neuron (value checks at the next synchronisat
 import os
 import subprocess
 import sys
+import traceback
 
 import pytest
 import torch
@@ -368,6 +369,16 @@ REFUSED_DTYPES = {
 @pytest.mark.parametrize("bad", REFUSED_DTYPES.values(), ids=REFUSED_DTYPES.keys())
 def test_dtypes_the_cpu_kernel_refuses_are_refused_with_its_error(bad):
     raises_like_cpu(bad)
+
+
+def test_a_compiled_graph_raises_its_refusal_afresh_at_each_call():
+    compiled = torch.compile(torch.lt, backend="neuron")
+    tracebacks = []
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="not implemented for 'ComplexFloat'") as caught:
+            compiled(_complex_pair("neuron"), _complex_pair("neuron"))
+        tracebacks.append(len(traceback.extract_tb(caught.value.__traceback__)))
+    assert tracebacks[1] == tracebacks[0]
 
 
 def test_dtypes_the_cpu_kernel_accepts_still_run():

@@ -60,7 +60,7 @@ class CompiledGraph:
 
     def __call__(self, args):
         if self.refused is not None:
-            raise self.refused
+            raise self.refused.with_traceback(None)  # one traceback per call, not one grown by each
         args = list(args)
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensors = [args[i] for i in positions]
