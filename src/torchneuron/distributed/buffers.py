@@ -11,7 +11,7 @@ import functools
 import jax
 import torch
 
-from ..runtime.dtypes import to_jax
+from ..runtime.dtypes import convert_to
 from ..runtime.layout import covers_storage, read_view, write_view
 
 
@@ -52,8 +52,7 @@ def write(tensor, values: jax.Array) -> None:
     """Write flat `values` (the tensor's numel) into the tensor's storage through its view."""
     storage = tensor._storage
     if _is_whole_storage(tensor):
-        wanted = to_jax(storage.dtype)
-        storage.buffer = values if values.dtype == wanted else values.astype(wanted)
+        storage.buffer = convert_to(values, storage.dtype)
     else:
         storage.buffer = _writer(tensor._spec, storage.dtype)(storage.buffer, values)
 
