@@ -1,5 +1,6 @@
 """The small CNN training step (bench/models.py `cnn`: two conv/BN/ReLU/pool blocks and a linear layer, batch 32,
 3x32x32, AdamW): PyTorch CPU eager against neuron compiled, in one run, and its convolutions alone.
+Neuron runs with the defaults: the model compiled, the loss and AdamW's ops fused by adaptive eager.
 
     python -m bench.cnn_step               # the step: rounds of interleaved steps, min per round
     python -m bench.cnn_step --one-thread  # the same with one thread each (PyTorch's and XLA:CPU's)
@@ -53,16 +54,12 @@ def fastest(fns: dict, calls: int, wait) -> dict:
 
 
 def steps(rounds: int, per_round: int) -> None:
-    fns = {}
-    for device, mode in VARIANTS:
-        with torch.neuron.adaptive_eager(False):
-            fns[f"{device} {mode}"] = _step_fns(cnn, device, mode)[0]
+    fns = {f"{device} {mode}": _step_fns(cnn, device, mode)[0] for device, mode in VARIANTS}
     fastest(fns, 3, lambda _: torch.neuron.synchronize())  # compiles, then warms up
     print("| round | CPU eager ms (CPU time) | neuron compiled ms (CPU time) | ratio wall | ratio CPU time |")
     print("|---|---:|---:|---:|---:|")
     for r in range(rounds):
-        with torch.neuron.adaptive_eager(False):
-            best = fastest(fns, per_round, lambda _: torch.neuron.synchronize())
+        best = fastest(fns, per_round, lambda _: torch.neuron.synchronize())
         (cw, cc), (nw, nc) = best["cpu eager"], best["neuron compiled"]
         print(f"| {r + 1} | {cw:.1f} ({cc:.1f}) | {nw:.1f} ({nc:.1f}) | {nw / cw:.2f}x | {nc / cc:.2f}x |", flush=True)
 
@@ -103,17 +100,16 @@ def convs(calls: int) -> None:
 
 
 def ops(steps: int, top: int = 25) -> None:
-    with torch.neuron.adaptive_eager(False):
-        train = _step_fns(cnn, "neuron", "compiled")[0]
-        for _ in range(3):
-            train()
+    train = _step_fns(cnn, "neuron", "compiled")[0]
+    for _ in range(3):
+        train()
+    torch.neuron.synchronize()
+    directory = tempfile.mkdtemp(prefix="cnn_step_trace_")
+    jax.profiler.start_trace(directory)
+    for _ in range(steps):
+        train()
         torch.neuron.synchronize()
-        directory = tempfile.mkdtemp(prefix="cnn_step_trace_")
-        jax.profiler.start_trace(directory)
-        for _ in range(steps):
-            train()
-            torch.neuron.synchronize()
-        jax.profiler.stop_trace()
+    jax.profiler.stop_trace()
     trace = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
     runs = collections.defaultdict(lambda: collections.defaultdict(float))  # (program, op) -> run -> ms
     for plane in jax.profiler.ProfileData.from_file(trace).planes:

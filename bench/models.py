@@ -75,7 +75,7 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
                 if smoke and mode not in ("eager", "adaptive"):
                     continue
                 try:
-                    with torch.neuron.adaptive_eager(mode == "adaptive"):
+                    with torch.neuron.adaptive_eager(mode in ("adaptive", "compiled")):  # compiled: the defaults
                         train, infer, items = _step_fns(factory, target, mode)
                         stats = measure(train if phase == "train" else infer, target, inner=inner, repeats=repeats)
                     row[label] = items / stats["median"]
