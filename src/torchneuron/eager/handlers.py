@@ -209,9 +209,9 @@ def _value(tensor: NeuronTensor):
 def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:
     """`carried_complex`: the dtype a complex64 array stands for (complex32 is carried as complex64)."""
     dtype = to_torch(array.dtype)
-    if dtype == torch.complex64 and carried_complex != dtype:
-        return wrap_buffer(convert_to(array, carried_complex).reshape(-1), array.shape, carried_complex, device_index)
-    return wrap_buffer(array.reshape(-1), array.shape, dtype, device_index)
+    if dtype == torch.complex64:
+        dtype = carried_complex
+    return wrap_buffer(convert_to(array, dtype).reshape(-1), array.shape, dtype, device_index)
 
 
 def _carried_complex(tensors) -> torch.dtype:
