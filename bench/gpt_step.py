@@ -13,7 +13,7 @@ import torch
 
 import torchneuron  # noqa: F401
 
-from .models import _step_fns, gpt
+from .models import _step_fns, adaptive_for, gpt
 
 CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "adaptive"), ("neuron", "eager")]
 
@@ -35,7 +35,7 @@ def main() -> None:
     results = {}
     print("| step | ms | vs CPU eager |\n|---|---:|---:|")
     for device, mode in CONFIGS:
-        with torch.neuron.adaptive_eager(mode in ("adaptive", "compiled")):
+        with torch.neuron.adaptive_eager(adaptive_for(mode)):
             train, _, _ = _step_fns(lambda: gpt(False), device, mode)
             results[device, mode] = ms = best_ms(train)
         print(f"| {device} {mode} | {ms:.1f} | {ms / results['cpu', 'eager']:.2f}x |", flush=True)

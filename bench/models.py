@@ -41,6 +41,12 @@ def _compile(model, mode):
     return torch.compile(model, backend="neuron" if mode == "compiled" else "inductor")
 
 
+def adaptive_for(mode: str) -> bool:
+    """Adaptive eager as a mode runs: on for "adaptive", and for "compiled" as a user of torch.compile gets it by
+    default (the loss and the optimizer's ops, outside the compiled graphs, queued and fused); off for "eager"."""
+    return mode in ("adaptive", "compiled")
+
+
 def _step_fns(factory, device, mode):
     torch.manual_seed(0)
     model, (inputs, targets), items = factory()
@@ -75,7 +81,7 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
                 if smoke and mode not in ("eager", "adaptive"):
                     continue
                 try:
-                    with torch.neuron.adaptive_eager(mode in ("adaptive", "compiled")):  # compiled: the defaults
+                    with torch.neuron.adaptive_eager(adaptive_for(mode)):
                         train, infer, items = _step_fns(factory, target, mode)
                         stats = measure(train if phase == "train" else infer, target, inner=inner, repeats=repeats)
                     row[label] = items / stats["median"]
