@@ -1,4 +1,4 @@
-"""Graph breaks, recompiles and dynamic shapes, randomness, input mutation, modes, ops without lowerings."""
+"""Graph breaks, recompiles and dynamic shapes, randomness, input mutation, modes, ops without lowerings, CPU ops."""
 import pytest
 import torch
 
@@ -149,6 +149,60 @@ def test_op_without_lowering_splits_the_graph():
     assert report["eager_ops"] == {"neurontest.triple.default": 1}
     assert report["dynamo_graphs"] == 1
     assert report["specialisations"] == 2  # the compiled pieces before and after the eager op
+
+
+def test_ops_on_cpu_tensors_run_on_the_cpu():
+    """A graph's CPU part runs on the CPU, as Inductor runs it: its results stay CPU tensors, writes to CPU
+    inputs land in them, and transfers in the graph are real ones."""
+    @torch.compile(backend="neuron")
+    def count_and_scale(count, x, host):
+        count.add_(1)
+        y = x.sin()
+        return y * count, y.cpu() * 2, host.to("neuron") + y, count * 10
+
+    count, x, host = torch.tensor(0.0), torch.randn(5), torch.randn(5)
+    for step in range(1, 4):
+        scaled, on_cpu, moved, tenfold = count_and_scale(count, _neuron(x), host)
+        assert count.item() == step
+        assert (scaled.device.type, on_cpu.device.type, moved.device.type, tenfold.device.type) == (
+            "neuron", "cpu", "neuron", "cpu")
+        torch.testing.assert_close(scaled.cpu(), x.sin() * step)
+        torch.testing.assert_close(on_cpu, x.sin() * 2)
+        torch.testing.assert_close(moved.cpu(), host + x.sin())
+        assert tenfold.item() == 10 * step
+    assert set(neuron_compile.report()["host_ops"]) >= {"aten.add.Tensor", "aten._to_copy.default"}
+    assert neuron_compile.report()["eager_ops"] == {}
+
+
+def test_a_function_of_cpu_tensors_runs_on_the_cpu():
+    fast = torch.compile(lambda x: x.relu() + 1, backend="neuron")
+    x = torch.randn(5)
+    out = fast(x)
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, x.relu() + 1)
+
+
+def test_a_compiled_optimizer_step_trains_as_eager():
+    """torch.compile(optimizer.step): Dynamo traces AdamW with its step counts on the CPU; each step must
+    count (a lost count would change the bias correction and every update after the first two)."""
+    def train(device, compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+        step = torch.compile(optimizer.step, backend="neuron") if compiled else optimizer.step
+        inputs, targets = torch.randn(32, 8).to(device), torch.randn(32, 1).to(device)
+        for _ in range(4):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(inputs), targets).backward()
+            step()
+        counts = [state["step"].item() for state in optimizer.state.values()]
+        return [p.detach().cpu() for p in model.parameters()], counts
+
+    expected, _ = train("cpu", compiled=False)
+    params, counts = train("neuron", compiled=True)
+    assert counts == [4.0] * len(counts)
+    for got, want in zip(params, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def _training_peak(fn, inputs, grad):

@@ -6,7 +6,12 @@ no_grad) with core-ATen decompositions, except for ops the lowering table
 handles itself, whose lowerings suit XLA better than their decompositions.
 A graph whose ops all have lowerings becomes one executable. Ops the table
 lacks split the graph: they run eagerly on neuron tensors between compiled
-pieces, and are counted in `report()["eager_ops"]` with a warning.
+pieces, and are counted in `report()["eager_ops"]` with a warning. Ops on CPU
+tensors (CPU scalars aside, which PyTorch lets mix with device tensors) run
+eagerly too, on the CPU, as Inductor runs a graph's CPU part on the CPU:
+`torch.compile(optimizer.step)` keeps AdamW's step counts on the CPU, and a
+`.cpu()` or `.to("neuron")` in a graph is a real transfer. They are counted
+in `report()["host_ops"]`.
 
 Modes: "default", "reduce-overhead", "max-autotune" and
 "max-autotune-no-cudagraphs" all compile each graph to one XLA executable.
@@ -17,6 +22,7 @@ import functools
 import warnings
 
 import torch
+from torch.utils import _pytree as pytree
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -25,7 +31,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ..ops import collectives, registry, rules
 from ..ops.flex_attention import EAGER_HOPS
 from .executable import CompiledGraph
-from .stats import counters, eager_ops
+from .stats import counters, eager_ops, host_ops
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -65,19 +71,40 @@ def supported(target, with_collectives: bool = False) -> bool:
     return op.compiles or (with_collectives and op.collective is not None)
 
 
+def on_device(node) -> bool:
+    """Whether a node computes on neuron tensors: its tensors are neuron's, or CPU scalars read by an op
+    whose results are neuron's. A node without tensor values (sizes, asserts) goes with the graph."""
+    if any(_on_host(t) for t in _tensors(node.meta.get("val"))):
+        return False
+    return all(not _on_host(t) or t.dim() == 0 for a in node.all_input_nodes for t in _tensors(a.meta.get("val")))
+
+
+def _tensors(value) -> list:
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def _on_host(tensor) -> bool:
+    return tensor.device.type != "neuron"
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs):
     counters["graphs"] += 1
     with_collectives = collectives.group_of(gm) is not None
-    missing = [n.target for n in gm.graph.nodes if n.op == "call_function" and not supported(n.target, with_collectives)]
-    if not missing:
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    on_host = [n.target for n in ops if not on_device(n)]
+    missing = [n.target for n in ops if on_device(n) and not supported(n.target, with_collectives)]
+    if not missing and not on_host:
         return CompiledGraph(gm)
-    for op in missing:
-        eager_ops[str(op)] += 1
-    warnings.warn(
-        f"torchneuron: no lowering for {sorted({str(op) for op in missing})}; torch.compile runs them "
-        "eagerly between compiled pieces (see torchneuron.compile.report())"
-    )
-    return _Boxed(split_at_missing_ops(gm, with_collectives))
+    for op in on_host:
+        host_ops[str(op)] += 1
+    if missing:
+        for op in missing:
+            eager_ops[str(op)] += 1
+        warnings.warn(
+            f"torchneuron: no lowering for {sorted({str(op) for op in missing})}; torch.compile runs them "
+            "eagerly between compiled pieces (see torchneuron.compile.report())"
+        )
+    return _Boxed(split_into_pieces(gm, with_collectives))
 
 
 class _Support(OperatorSupportBase):
@@ -85,11 +112,11 @@ class _Support(OperatorSupportBase):
         self.with_collectives = with_collectives
 
     def is_node_supported(self, submodules, node) -> bool:
-        return node.op == "call_function" and supported(node.target, self.with_collectives)
+        return node.op == "call_function" and supported(node.target, self.with_collectives) and on_device(node)
 
 
-def split_at_missing_ops(gm: torch.fx.GraphModule, with_collectives: bool = False) -> torch.fx.GraphModule:
-    """The graph with each maximal run of supported ops replaced by one compiled piece."""
+def split_into_pieces(gm: torch.fx.GraphModule, with_collectives: bool = False) -> torch.fx.GraphModule:
+    """The graph with each maximal run of ops that compile on the device replaced by one compiled piece."""
     partitioner = CapabilityBasedPartitioner(gm, _Support(with_collectives), allows_single_node_partition=True)
     split = partitioner.partition_and_fuse()
     for node in list(split.graph.nodes):
