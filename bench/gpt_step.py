@@ -1,7 +1,8 @@
 """The small GPT training step (bench/models.py `gpt`: d256, 4 layers, T128, B8, AdamW) in one run:
 PyTorch CPU eager against neuron compiled, adaptive eager and eager, min of 6 steps after 3 warm-up steps.
 "neuron compiled" is torch.compile(model) with the defaults: the loss and AdamW's foreach ops, outside the
-compiled graphs, are queued and fused by adaptive eager; "neuron eager" runs every op on its own.
+compiled graphs, are queued and fused by adaptive eager; "neuron compiled+opt" compiles the optimizer step
+too (`torch.compile(optimizer.step)`); "neuron eager" runs every op on its own.
 
     python -m bench.gpt_step
 
@@ -15,7 +16,8 @@ import torchneuron  # noqa: F401
 
 from .models import _step_fns, adaptive_for, gpt
 
-CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "adaptive"), ("neuron", "eager")]
+CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "adaptive"),
+           ("neuron", "eager")]
 
 
 def best_ms(train, steps: int = 6) -> float:

@@ -11,7 +11,8 @@ could at best hide. Run it on an otherwise idle machine.
 
 Modes: "compiled" is what a user gets from torch.compile(model) with the defaults: the model's graphs
 compiled, the loss and AdamW's foreach ops queued and fused by adaptive eager; "compiled, adaptive off"
-runs those ops one executable each; "adaptive" and "eager" leave the model uncompiled.
+runs those ops one executable each; "compiled+opt" compiles the optimizer step too
+(`torch.compile(optimizer.step)`); "adaptive" and "eager" leave the model uncompiled.
 """
 import argparse
 import time
@@ -46,6 +47,7 @@ class ExecutableTime:
 
 # (model, adaptive eager for the rest of the step: the optimizer's ops); the default is adaptive eager on
 MODES = {"compiled": ("compiled", True), "compiled, adaptive off": ("compiled", False),
+         "compiled+opt": ("compiled+opt", True),
          "adaptive": ("eager", True), "eager": ("eager", False)}
 
 

@@ -38,13 +38,13 @@ def _loss(model, inputs, targets):
 def _compile(model, mode):
     if mode in ("eager", "adaptive"):
         return model
-    return torch.compile(model, backend="neuron" if mode == "compiled" else "inductor")
+    return torch.compile(model, backend="inductor" if mode == "inductor" else "neuron")
 
 
 def adaptive_for(mode: str) -> bool:
     """Adaptive eager as a mode runs: on for "adaptive", and for "compiled" as a user of torch.compile gets it by
     default (the loss and the optimizer's ops, outside the compiled graphs, queued and fused); off for "eager"."""
-    return mode in ("adaptive", "compiled")
+    return mode in ("adaptive", "compiled", "compiled+opt")
 
 
 def _step_fns(factory, device, mode):
@@ -54,11 +54,13 @@ def _step_fns(factory, device, mode):
     inputs, targets = inputs.to(device), targets.to(device)
     runner = _compile(model, mode)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # "compiled+opt": the optimizer step compiled too, as PyTorch's tutorials compile it
+    step = torch.compile(optimizer.step, backend="neuron") if mode == "compiled+opt" else optimizer.step
 
     def train():
         optimizer.zero_grad(set_to_none=True)
         _loss(runner, inputs, targets).backward()
-        optimizer.step()
+        step()
 
     def infer():
         with torch.no_grad():

@@ -53,7 +53,7 @@ def test_host_overhead_bench_reports_every_mode():
     out = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--smoke"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "%" in line]
-    assert [r[0].strip("| ") for r in rows] == ["compiled", "compiled, adaptive off", "adaptive", "eager"], out
+    assert [r[0].strip("| ") for r in rows] == ["compiled", "compiled, adaptive off", "compiled+opt", "adaptive", "eager"], out
     assert all(0 <= float(r[3].strip(" |%")) <= 100 for r in rows), out
 
 

@@ -297,8 +297,34 @@ def matrix_rank_out_writes_its_out() -> None:
     _LIBRARIES.append(library)
 
 
+def compiled_optimizers_capture_on_neuron() -> None:
+    """Dynamo traces an optimizer step with `capturable` on, and turns it on in the optimizer itself only
+    for CUDA and XPU parameters (whose state it has not made yet); elsewhere the step counts stay CPU tensors,
+    and their increments and bias corrections run on the CPU at each step. Neuron parameters get CUDA's
+    treatment: counts on the device, the whole step one compiled program (eager steps of that optimizer
+    then take its capturable path, as on CUDA)."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    original = OptimizerVariable._set_capturable
+    if getattr(original, "neuron_patched", False):
+        return
+
+    @functools.wraps(original)
+    def set_capturable(self, tx):
+        state = self.value.state
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if "capturable" in group and params and all(p.device.type == "neuron" and p not in state for p in params):
+                group["capturable"] = True
+        return original(self, tx)
+
+    set_capturable.neuron_patched = True
+    OptimizerVariable._set_capturable = set_capturable
+
+
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
-                    dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis)
+                    dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis,
+                    compiled_optimizers_capture_on_neuron)
 
 
 def apply() -> None:
@@ -324,6 +350,7 @@ def apply_compile() -> None:
 def applied() -> dict:
     """Which patches are in force, by name (the test suite asserts all are)."""
     from torch._dynamo.variables.builder import VariableBuilder
+    from torch._dynamo.variables.optimizer import OptimizerVariable
 
     runtime = {name: getattr(apply, "done", False) for name in _APPLIED}
     return runtime | {
@@ -333,6 +360,7 @@ def applied() -> dict:
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
+        "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),
     }
 
 

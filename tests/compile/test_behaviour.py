@@ -183,8 +183,8 @@ def test_a_function_of_cpu_tensors_runs_on_the_cpu():
 
 
 def test_a_compiled_optimizer_step_trains_as_eager():
-    """torch.compile(optimizer.step): Dynamo traces AdamW with its step counts on the CPU; each step must
-    count (a lost count would change the bias correction and every update after the first two)."""
+    """torch.compile(optimizer.step): each step must count (a lost count changes the bias correction and every
+    update after the first two); as on CUDA, the counts live on the device and the step is one program."""
     def train(device, compiled):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
@@ -196,11 +196,13 @@ def test_a_compiled_optimizer_step_trains_as_eager():
             torch.nn.functional.mse_loss(model(inputs), targets).backward()
             step()
         counts = [state["step"].item() for state in optimizer.state.values()]
+        assert all(state["step"].device.type == device for state in optimizer.state.values())
         return [p.detach().cpu() for p in model.parameters()], counts
 
     expected, _ = train("cpu", compiled=False)
     params, counts = train("neuron", compiled=True)
     assert counts == [4.0] * len(counts)
+    assert neuron_compile.report()["host_ops"] == {}
     for got, want in zip(params, expected):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
