@@ -47,6 +47,17 @@ def view(func, args, kwargs):
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
         _view_cache.put(key, specs)
+    return _views_of(func, source, specs)
+
+
+def alias(func, args, kwargs):
+    """detach and alias: the source's own view, with no meta kernel to ask (autograd detaches each gradient
+    it accumulates)."""
+    source = args[0]
+    return _views_of(func, source, source._spec[:4])
+
+
+def _views_of(func, source, specs):
     if torch.is_inference_mode_enabled() and not source.is_inference():
         # a view of a normal tensor is a normal tensor: autograd gives it its base's version counter, which
         # an inference tensor (made in inference mode) cannot take
