@@ -62,7 +62,12 @@ class CompiledGraph:
         if self.refused is not None:
             raise self.refused.with_traceback(None)  # one traceback per call, not one grown by each
         args = list(args)
-        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        positions, statics = [], []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                positions.append(i)
+            else:
+                statics.append(a)
         tensors = [args[i] for i in positions]
         if any(type(t) is not NeuronTensor for t in tensors):
             transfers.bring_to_device(tensors)
@@ -73,7 +78,7 @@ class CompiledGraph:
             tuple(t._spec for t in tensors),
             tuple(pattern),
             tuple((s.numel, s.dtype) for s in storages),  # as in eager: the storages' dtypes are part of the program
-            tuple(a for i, a in enumerate(args) if i not in positions),
+            tuple(statics),
         )
         program = self.specialisations.get(key)
         if program is None:
