@@ -22,7 +22,8 @@ from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of
-from ..runtime.tensor import NeuronTensor, wrap, wrap_buffer
+from ..runtime.layout import contiguous_strides
+from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, wrap
 from . import disk_cache
 from .stats import counters
 
@@ -174,6 +175,11 @@ def _distinct_storages(tensors):
     return storages, pattern
 
 
+def _layouts(array_outputs) -> list:
+    """(position, shape, strides, dtype) of each array output, built once: outputs are made at every call."""
+    return [(j, tuple(shape), contiguous_strides(shape), dtype) for j, shape, dtype in array_outputs]
+
+
 class _Program:
     """The storage program for one input signature, and how to turn its results into tensors."""
 
@@ -227,7 +233,8 @@ class _Program:
             # a program of several processes is compiled by each of them for its own device, not cached on disk
             counters["xla_compiles"] += 1
             lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
-            self.compiled, self.array_outputs, self.constants = lowered.compile(), array_outputs, constants
+            self.compiled, self.constants = lowered.compile(), constants
+            self.output_layouts = _layouts(array_outputs)
             return
 
         def export():
@@ -238,7 +245,8 @@ class _Program:
                 return None, (array_outputs, constants)
 
         path = disk_cache.path_for(gm, signature, self.device_index)
-        exported, (self.array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
+        exported, (array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
+        self.output_layouts = _layouts(array_outputs)
         # compiled now (through JAX's persistent cache), so that a failure surfaces here
         program = self.program.jit(self.device_index, exported.call if exported is not None else None)
         self.compiled = program.trace(*avals).lower().compile()
@@ -261,8 +269,8 @@ class _Program:
         outputs = [None if source is None else args[source] for source in self.sources]
         for j, value in self.constants.items():
             outputs[j] = value
-        for (j, shape, dtype), array in zip(self.array_outputs, results[n_written:]):
-            outputs[j] = wrap_buffer(array, shape, dtype, self.device_index)
+        for (j, shape, strides, dtype), array in zip(self.output_layouts, results[n_written:]):
+            outputs[j] = new_contiguous_tensor(array, shape, strides, dtype, self.device_index)
         for j, aliased in self.aliases.items():
             base = outputs[aliased]
             outputs[j] = wrap(base._storage, *base._spec[:4])
