@@ -54,7 +54,7 @@ def test_host_overhead_bench_reports_every_mode():
                          capture_output=True, text=True).stdout
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "%" in line]
     assert [r[0].strip("| ") for r in rows] == ["compiled", "compiled, adaptive off", "compiled+opt", "adaptive", "eager"], out
-    assert all(0 <= float(r[3].strip(" |%")) <= 100 for r in rows), out
+    assert all(0 <= float(r[3].strip(" |%")) <= 100 and float(r[4].strip(" |")) > 0 for r in rows), out
 
 
 @pytest.mark.slow
