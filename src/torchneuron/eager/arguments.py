@@ -60,7 +60,15 @@ def template(value, tensors: list, scalars: list, dynamic_floats: bool):
         scalars.append(value)
         return _SCALAR_SLOTS[len(scalars) - 1]
     if kind is list or kind is tuple:
-        return tuple(template(v, tensors, scalars, dynamic_floats) for v in value)
+        slots = []
+        for v in value:
+            # a foreach op's lists hold a tensor per parameter: the common case is slotted inline
+            if type(v) is NeuronTensor:
+                tensors.append(v)
+                slots.append(TENSOR_SLOTS[len(tensors) - 1])
+            else:
+                slots.append(template(v, tensors, scalars, dynamic_floats))
+        return tuple(slots)
     if isinstance(value, torch.Tensor):
         tensors.append(value)  # a CPU (or other) tensor: the dispatcher checks and moves it
         return TENSOR_SLOTS[len(tensors) - 1]
