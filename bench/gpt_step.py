@@ -8,29 +8,20 @@ too (`torch.compile(optimizer.step)`); "neuron eager" runs every op on its own.
 
 Run it on an otherwise idle machine.
 """
-import time
 
 import torch
 
 import torchneuron  # noqa: F401
 
 from .models import _step_fns, adaptive_for, gpt
+from .timing import measure
 
 CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "adaptive"),
            ("neuron", "eager")]
 
 
-def best_ms(train, steps: int = 6) -> float:
-    for _ in range(3):
-        train()
-    torch.neuron.synchronize()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        train()
-        torch.neuron.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1000 * min(times)
+def best_ms(train, device: str, steps: int = 6) -> float:
+    return 1000 * measure(train, device, inner=1, repeats=steps, warmup=3)["min"]
 
 
 def main() -> None:
@@ -39,7 +30,7 @@ def main() -> None:
     for device, mode in CONFIGS:
         with torch.neuron.adaptive_eager(adaptive_for(mode)):
             train, _, _ = _step_fns(lambda: gpt(False), device, mode)
-            results[device, mode] = ms = best_ms(train)
+            results[device, mode] = ms = best_ms(train, device)
         print(f"| {device} {mode} | {ms:.1f} | {ms / results['cpu', 'eager']:.2f}x |", flush=True)
 
 

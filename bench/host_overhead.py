@@ -27,6 +27,7 @@ import torchneuron  # noqa: F401
 from torchneuron.runtime import events
 
 from .models import _step_fns, gpt
+from . import timing
 
 
 class ExecutableTime:
@@ -72,22 +73,11 @@ def measure(mode: str, smoke: bool, steps: int) -> dict:
             total = time.perf_counter() - start
         finally:
             events.stop_listening(listener)
-        host_work = _best_step(_step_fns(lambda: gpt(smoke, negligible=True), "neuron", model_mode)[0], steps)
+        small_train = _step_fns(lambda: gpt(smoke, negligible=True), "neuron", model_mode)[0]
+        host_work = timing.measure(small_train, "neuron", inner=1, repeats=3 * steps, warmup=3)["min"]
     return {"mode": mode, "step_ms": 1000 * total / steps, "in_executables_ms": 1000 * listener.seconds / steps,
             "host_share": 1 - listener.seconds / total, "host_work_ms": 1000 * host_work}
 
-
-def _best_step(train, steps: int) -> float:
-    for _ in range(3):
-        train()
-    torch.neuron.synchronize()
-    times = []
-    for _ in range(3 * steps):
-        start = time.perf_counter()
-        train()
-        torch.neuron.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main(argv=None) -> None:

@@ -90,9 +90,14 @@ def _on_host(tensor) -> bool:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs):
     counters["graphs"] += 1
     with_collectives = collectives.group_of(gm) is not None
-    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    on_host = [n.target for n in ops if not on_device(n)]
-    missing = [n.target for n in ops if on_device(n) and not supported(n.target, with_collectives)]
+    on_host, missing = [], []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if not on_device(node):
+            on_host.append(node.target)
+        elif not supported(node.target, with_collectives):
+            missing.append(node.target)
     if not missing and not on_host:
         return CompiledGraph(gm)
     for op in on_host:

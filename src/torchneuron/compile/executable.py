@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from ..runtime import rng
-from ..eager import adaptive, cpu_dtypes, transfers
+from ..eager import adaptive, cpu_dtypes, transfers, views
 from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
@@ -92,9 +92,6 @@ class CompiledGraph:
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
 
 
-_ALIAS_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
-
-
 def _output_aliases(leaves) -> dict:
     """Outputs that are detach() or alias() of another output, by position: {alias: aliased}. AOTAutograd's
     forward graphs return a user output and, detached, the same value saved for the backward; one buffer
@@ -106,7 +103,7 @@ def _output_aliases(leaves) -> dict:
     aliases = {}
     for j, leaf in enumerate(leaves):
         base = leaf
-        while isinstance(base, torch.fx.Node) and base.op == "call_function" and base.target in _ALIAS_OPS:
+        while isinstance(base, torch.fx.Node) and base.op == "call_function" and base.target in views.ALIAS_OPS:
             base = base.args[0]
             if first.get(base, j) != j:
                 aliases[j] = first[base]

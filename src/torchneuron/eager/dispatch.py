@@ -51,7 +51,7 @@ def _choose_handler(func):
         return handlers.data_dependent
     if torch.Tag.inplace_view in func.tags:
         return views.inplace_view
-    if func in _ALIASES:
+    if func in views.ALIAS_OPS:
         return views.alias
     if (_returns_view(func) or func is torch.ops.aten._unsafe_view.default) and not rule.mutated:
         # _unsafe_view does alias its input (only autograd's view tracking is skipped): kron's out= writes through it
@@ -68,7 +68,6 @@ def _choose_handler(func):
     return fallback.run_on_cpu
 
 
-_ALIASES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 _PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _CUSTOM_KERNEL_KEYS = ("PrivateUse1", "CompositeExplicitAutograd")
 

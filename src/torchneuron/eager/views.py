@@ -50,6 +50,10 @@ def view(func, args, kwargs):
     return _views_of(func, source, specs)
 
 
+# ops whose result is their input's own view, a new tensor over the same storage
+ALIAS_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
 def alias(func, args, kwargs):
     """detach and alias: the source's own view, with no meta kernel to ask (autograd detaches each gradient
     it accumulates)."""
