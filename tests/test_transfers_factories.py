@@ -47,6 +47,27 @@ def test_factories_match_cpu():
     assert_same(torch.full_like(y, 7, dtype=torch.int64), torch.full((3,), 7))
 
 
+_LIKE_AND_NEW = {
+    "zeros_like": lambda t, device: torch.zeros_like(t, device=device),
+    "empty_like": lambda t, device: torch.empty_like(t, device=device),
+    "full_like": lambda t, device: torch.full_like(t, 2.5, dtype=torch.float64, device=device),
+    "new_ones": lambda t, device: t.new_ones((2, 3), device=device),
+    "new_empty_strided": lambda t, device: t.new_empty_strided((2, 3), (1, 2), device=device),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("name", sorted(_LIKE_AND_NEW))
+def test_like_and_new_factories_make_their_result_on_the_requested_device(name, device):
+    # as on CUDA: `zeros_like(x, device="cpu")` is a CPU tensor (Dynamo's saved guards make meta copies so)
+    x = torch.randn(4, 3).t()
+    got, want = _LIKE_AND_NEW[name](x.to("neuron"), device), _LIKE_AND_NEW[name](x, device)
+    assert (type(got), got.device, got.shape, got.stride(), got.dtype) == (
+        type(want), want.device, want.shape, want.stride(), want.dtype)
+    if device == "cpu" and "empty" not in name:
+        assert torch.equal(got, want)
+
+
 def test_channels_last_empty():
     y = torch.empty(2, 3, 4, 5, device="neuron", memory_format=torch.channels_last)
     assert y.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
@@ -86,6 +107,16 @@ def test_complex_random_factories_draw_both_parts():
         assert abs(part.mean() - 1) < 0.02 and abs(part.std() - 2 / 2**0.5) < 0.02
     like = torch.randn_like(torch.zeros(n, device="neuron"), dtype=torch.complex64)
     assert like.dtype == torch.complex64 and like.imag.cpu().std() > 0.6
+
+
+@pytest.mark.parametrize("memory_format", [None, torch.preserve_format, torch.contiguous_format, torch.channels_last])
+def test_copies_to_the_host_keep_the_layout_as_the_cpu_does(memory_format):
+    x = torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1)  # dense, not contiguous
+    kwargs = {} if memory_format is None else {"memory_format": memory_format}
+    for source in (x, x[:, ::2]):  # the second is not dense: preserve_format makes it contiguous
+        got, want = source.to("neuron").to("cpu", **kwargs), source.clone(**kwargs)
+        assert got.stride() == want.stride()
+        assert torch.equal(got, want)
 
 
 def test_pin_memory_and_non_blocking():

@@ -19,6 +19,8 @@ def dispatch(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is None:
         chosen = _choose_handler(func)
+        if handlers.makes_on_requested_device(func):
+            chosen = handlers.on_requested_device(chosen, func)
         handler = _HANDLERS[func] = math_bits.wrap_handler(func, chosen, isinstance(chosen, Compute))
     if events.listening:
         return events.op(func, handler, args, kwargs)

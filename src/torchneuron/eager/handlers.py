@@ -48,14 +48,56 @@ def to_copy(func, args, kwargs):
     tensor = args[0]
     device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else tensor.device
     if device.type != "neuron":
-        host = transfers.to_host(tensor)
-        rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
-        return host.to(device=device, **{"dtype": rest.get("dtype") or host.dtype})
+        host = transfers.to_host(tensor).to(device=device, dtype=kwargs.get("dtype") or tensor.dtype)
+        memory_format = kwargs.get("memory_format")
+        if memory_format is None and host.stride() == tensor.stride():
+            return host
+        # the copy keeps a dense tensor's strides (preserve_format, the default), as the CPU's and CUDA's do
+        layout = torch.empty_strided(tensor.shape, tensor.stride(), dtype=host.dtype, device="meta")
+        strides = torch.empty_like(layout, memory_format=memory_format or torch.preserve_format).stride()
+        if strides == host.stride():
+            return host
+        return torch.empty_strided(host.shape, strides, dtype=host.dtype, device=device).copy_(host)
     index = device.index if device.index is not None else torch.neuron.current_device()
     if index != tensor.device.index:
         tensor = transfers.move(tensor, index)
     same_device = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking", "pin_memory")}
     return _computation(aten._to_copy.default)(func, (tensor,), same_device)
+
+
+def _base_name(func) -> str:
+    return func._schema.name.split("::")[1]
+
+
+def _reads_first_tensors_metadata_only(func) -> bool:
+    name = _base_name(func)
+    return name.endswith("_like") or name.startswith("new_")
+
+
+def makes_on_requested_device(func) -> bool:
+    """A factory-like op of a tensor with a `device` argument of its own (`zeros_like(x, device="cpu")`,
+    `x.new_empty(n, device="meta")`, `linspace(t0, t1, n, device=...)`): its result belongs there."""
+    return (_reads_first_tensors_metadata_only(func) or _base_name(func).startswith(("linspace", "logspace"))) and any(
+        a.name == "device" for a in func._schema.arguments)
+
+
+def on_requested_device(handler, func):
+    """`handler` for results on the device the op is asked for, else the op run there: the `_like` and `new_`
+    ops read only their first tensor's metadata, so a meta tensor of its view stands in for it."""
+    metadata_only = _reads_first_tensors_metadata_only(func)
+
+    def run(func, args, kwargs):
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type == "neuron":
+            return handler(func, args, kwargs)
+        args = [transfers.to_host(a) if isinstance(a, NeuronTensor) and not (metadata_only and i == 0) else a
+                for i, a in enumerate(args)]
+        if metadata_only:
+            first = args[0]
+            args[0] = torch.empty_strided(first.shape, first.stride(), dtype=first.dtype, device="meta")
+        return func(*args, **kwargs)
+
+    return run
 
 
 _COMPUTATIONS = {}
