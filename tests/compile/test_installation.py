@@ -29,10 +29,10 @@ print(json.dumps({"report": report(), "loss": loss.item(), "out": out.cpu().toli
 """
 
 
-def _run(code, env_extra):
+def _run(code, env_extra, *argv):
     path = [SRC] + ([METADATA_DIR] if METADATA_DIR else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **env_extra)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -70,6 +70,44 @@ def test_second_process_loads_executables_from_disk_and_trims_the_cache_when_it_
         versions = os.listdir(os.path.join(tmp_path, kind))
         assert len(versions) == 1 and "torch-" in versions[0] and "jaxlib-" in versions[0]
         assert _size(os.path.join(tmp_path, kind, versions[0])) <= bound
+
+
+PRECOMPILED_STEP = """
+import json, os, sys, torch
+path = sys.argv[1]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to("neuron")
+def loss_and_host_copy(model, x):
+    out = model(x)
+    return out.square().mean(), (out.detach().cpu() * 2).sum()
+if os.path.exists(path):
+    with open(path, "rb") as f:
+        step = torch.compiler.load_compiled_function(f)
+else:
+    compiled = torch.compile(loss_and_host_copy, backend="neuron", fullgraph=True)
+    step = compiled.aot_compile(((model, torch.ones(4, 8, device="neuron")), {}))
+    step.save_compiled_function(path)
+loss, host = step(model, torch.randn(4, 8).to("neuron"))
+loss.backward()
+from torchneuron.compile import report
+print(json.dumps({"report": report(), "loss": loss.item(), "host": host.item(), "host_device": str(host.device),
+                  "grad": model[0].weight.grad.sum().item()}))
+"""
+
+
+def test_precompiled_function_runs_in_a_fresh_process_without_tracing(tmp_path):
+    """`torch.compile(...).aot_compile` saves Dynamo's and AOTAutograd's work: a process that loads it traces
+    nothing, and its graphs' programs come from the disk cache. The graph's CPU part is saved with it."""
+    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}
+    path = str(tmp_path / "step.bin")
+    saved = json.loads(_run(PRECOMPILED_STEP, env, path))
+    loaded = json.loads(_run(PRECOMPILED_STEP, env, path))
+    assert saved["report"]["dynamo_graphs"] == 1 and saved["report"]["xla_compiles"] == 2
+    assert loaded["report"]["dynamo_graphs"] == 0 and loaded["report"]["xla_compiles"] == 0
+    assert loaded["report"]["disk_cache_hits"] == 2  # forward and backward
+    assert loaded["report"]["host_ops"] == saved["report"]["host_ops"] != {}
+    assert loaded["host_device"] == "cpu"
+    assert {k: loaded[k] for k in ("loss", "host", "grad")} == {k: saved[k] for k in ("loss", "host", "grad")}
 
 
 def _size(directory) -> int:

@@ -18,6 +18,7 @@ Modes: "default", "reduce-overhead", "max-autotune" and
 Launch overhead is already one call per graph (what CUDA graphs buy
 Inductor) and XLA chooses its own kernels, so the modes currently coincide.
 """
+import copy
 import functools
 import warnings
 
@@ -25,6 +26,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition
+from torch._guards import detect_fake_mode
+from torch._inductor.output_code import OutputCode
+from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -45,8 +49,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
     return aot_module_simplified(
         gm,
         example_inputs,
-        fw_compiler=compile_graph,
-        bw_compiler=compile_graph,
+        fw_compiler=NeuronCode,
+        bw_compiler=NeuronCode,
         partition_fn=default_partition,
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
@@ -112,6 +116,38 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs):
     return _Boxed(split_into_pieces(gm, with_collectives))
 
 
+class NeuronCode(OutputCode):
+    """A graph compiled by `compile_graph`, in the form AOTAutograd bundles into a precompiled function
+    (`torch.compile(fn, fullgraph=True).aot_compile(...)`, saved and loaded by PyTorch): what is saved is
+    the ATen graph with its nodes' fake tensors, compiled again on load, where `compile_graph` is cheap
+    and each program comes from the disk cache, so a loaded function neither traces nor compiles."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs):
+        super().__init__()
+        # on the instance: wrappers AOTAutograd puts around a loaded backward copy its __dict__, not its class
+        self._boxed_call = True
+        self.gm, self.serialized = gm, None
+        self.run = compile_graph(gm, example_inputs)
+
+    def __call__(self, inputs):
+        return self.run(inputs)
+
+    def prepare_for_serialization(self) -> None:
+        # ops outside aten too (our kernels' custom ops, functional collectives): the loading process
+        # imports torchneuron, which registers them
+        self.serialized = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        self.gm = self.run = None
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        if self.run is None:
+            self.gm = GraphPickler.loads(self.serialized, detect_fake_mode(example_inputs))
+            self.gm.recompile()
+            self.run = compile_graph(self.gm, example_inputs)
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass  # no Triton kernels
+
+
 class _Support(OperatorSupportBase):
     def __init__(self, with_collectives: bool):
         self.with_collectives = with_collectives
@@ -122,6 +158,8 @@ class _Support(OperatorSupportBase):
 
 def split_into_pieces(gm: torch.fx.GraphModule, with_collectives: bool = False) -> torch.fx.GraphModule:
     """The graph with each maximal run of ops that compile on the device replaced by one compiled piece."""
+    # on a copy: the partitioner rewrites its graph in place, and a precompiled function saves the original
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     partitioner = CapabilityBasedPartitioner(gm, _Support(with_collectives), allows_single_node_partition=True)
     split = partitioner.partition_and_fuse()
     for node in list(split.graph.nodes):
