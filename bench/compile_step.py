@@ -8,8 +8,11 @@
 Variants: neuron compiled (backend="neuron"), neuron eager, CPU eager, CPU torch.compile (Inductor).
 Start-up: a fresh process builds the model and runs one compiled step, first with an empty
 TORCHNEURON_CACHE_DIR (cold: XLA compiles every graph), then again with the cache it left (warm).
+The same again with the model's forward precompiled (`torch.compile(...).aot_compile`): the cold
+process compiles it ahead of its step and saves it, the warm one loads it and traces nothing.
 """
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,13 +37,34 @@ def make_model(sizes):
                          nn.Linear(sizes["d"], sizes["d"]))
 
 
-def make_step(device, compiled, sizes):
+def _forward(model, x):
+    return model(x)
+
+
+def precompiled(model, x, path):
+    """The model's forward as a precompiled function: loaded from `path`, else compiled ahead of time and
+    saved there."""
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            forward = torch.compiler.load_compiled_function(f)
+    else:
+        forward = torch.compile(_forward, backend=neuron_backend, fullgraph=True).aot_compile(((model, x), {}))
+        forward.save_compiled_function(path)
+    return functools.partial(forward, model)
+
+
+def make_step(device, compiled, sizes, precompiled_path=None):
     torch.manual_seed(0)
     model = make_model(sizes).to(device)
-    forward = torch.compile(model, backend=neuron_backend if device == "neuron" else "inductor") if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device)
     target = torch.randn(sizes["batch"], sizes["seq"], sizes["d"]).to(device)
+    if precompiled_path is not None:
+        forward = precompiled(model, x, precompiled_path)
+    elif compiled:
+        forward = torch.compile(model, backend=neuron_backend if device == "neuron" else "inductor")
+    else:
+        forward = model
 
     def step():
         loss = nn.functional.mse_loss(forward(x), target)
@@ -96,20 +120,20 @@ def _timers() -> dict:
     return seconds
 
 
-def startup(sizes, breakdown=False) -> dict:
+def startup(sizes, breakdown=False, precompiled_path=None) -> dict:
     """Run in a child process: build the model and time one compiled step."""
     seconds = _timers() if breakdown else {}
     start = time.perf_counter()
-    loss = make_step("neuron", True, sizes)()
+    loss = make_step("neuron", True, sizes, precompiled_path)()
     from torchneuron.compile import report
 
     return {"startup_s": time.perf_counter() - start, "loss": loss, **report(), "breakdown_s": seconds}
 
 
-def child_startup(args, cache_dir) -> dict:
+def child_startup(args, cache_dir, precompiled_path=None) -> dict:
     env = dict(os.environ, TORCHNEURON_CACHE_DIR=cache_dir)
     command = [sys.executable, __file__, "--child-startup"] + (["--smoke"] if args.smoke else []) + (
-        ["--breakdown"] if args.breakdown else [])
+        ["--breakdown"] if args.breakdown else []) + (["--precompiled", precompiled_path] if precompiled_path else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -120,10 +144,11 @@ def main():
     parser.add_argument("--startup", action="store_true", help="only the cold and warm start-up")
     parser.add_argument("--breakdown", action="store_true", help="time the start-up's stages")
     parser.add_argument("--child-startup", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precompiled", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     if args.child_startup:
-        print(json.dumps(startup(sizes, args.breakdown)))
+        print(json.dumps(startup(sizes, args.breakdown, args.precompiled)))
         return
     results = {"sizes": sizes}
     variants = [("neuron compiled", "neuron", True), ("neuron eager", "neuron", False),
@@ -132,15 +157,20 @@ def main():
         results[name] = time_steps(make_step(device, compiled, sizes), sizes)
         print(f"{name:16s} step {results[name]['step_ms']:9.2f} ms   first step {results[name]['first_step_s']:7.2f} s",
               flush=True)
-    with tempfile.TemporaryDirectory() as cache_dir:
-        for name in ("cold cache", "warm cache"):
-            results[name] = child_startup(args, cache_dir)
-            r = results[name]
-            print(f"{name:16s} start-up {r['startup_s']:7.2f} s   xla_compiles {r['xla_compiles']}   "
-                  f"disk_cache_hits {r['disk_cache_hits']}", flush=True)
-            for stage, seconds in r["breakdown_s"].items():
-                print(f"    {stage:55s} {seconds:6.2f} s")
-    print(f"warm / cold start-up {results['warm cache']['startup_s'] / results['cold cache']['startup_s']:.2f}")
+    for kind in ("", "precompiled, "):
+        with tempfile.TemporaryDirectory() as cache_dir:
+            path = os.path.join(cache_dir, "forward.bin") if kind else None
+            for name in (f"{kind}cold cache", f"{kind}warm cache"):
+                results[name] = child_startup(args, cache_dir, path)
+                r = results[name]
+                print(f"{name:29s} start-up {r['startup_s']:7.2f} s   dynamo_graphs {r['dynamo_graphs']}   "
+                      f"xla_compiles {r['xla_compiles']}   disk_cache_hits {r['disk_cache_hits']}", flush=True)
+                for stage, seconds in r["breakdown_s"].items():
+                    print(f"    {stage:55s} {seconds:6.2f} s")
+    cold = results["cold cache"]["startup_s"]
+    print(f"warm / cold start-up {results['warm cache']['startup_s'] / cold:.2f}; precompiled: loaded / cold "
+          f"{results['precompiled, warm cache']['startup_s'] / cold:.2f} (/ its own cold start-up "
+          f"{results['precompiled, warm cache']['startup_s'] / results['precompiled, cold cache']['startup_s']:.2f})")
     print(json.dumps(results))
 
 
