@@ -151,6 +151,24 @@ def test_shape_errors_are_raised_at_the_op_not_at_the_flush(queued):
     torch.testing.assert_close((x + x).cpu(), x.cpu() * 2)
 
 
+def test_ops_with_device_side_checks_are_queued_and_raise_at_synchronisation(queued):
+    table = torch.randn(5, 3)
+    on_device = table.to("neuron")
+
+    def lookup(indices):
+        return torch.nn.functional.embedding(torch.tensor(indices, device="neuron"), on_device)
+
+    lookup([1, 2])  # the first run of a signature executes (and compiles) it
+    good = lookup([3, 4])
+    assert _is_pending(good)  # queued with its index check
+    torch.testing.assert_close(good.cpu(), table[[3, 4]])
+    bad = lookup([1, 7])
+    assert _is_pending(bad)
+    with pytest.raises(IndexError, match="reported at synchronisation"):
+        torch.neuron.synchronize()
+    assert torch.ones(2, device="neuron").sum().item() == 2.0  # the failure was consumed
+
+
 def test_synchronize_runs_the_queue(queued):
     x = torch.ones(4, device="neuron")
     x * 5

@@ -228,12 +228,11 @@ class Executable:
                 raise
             raise LoweringFailed(self.op, exc) from None
         self.output_sizes = [math.prod(r.shape) for r in traced.out_info]
-        self.ran = False
-        self.queueable = False  # by adaptive eager, once it has run: its compile is known good
+        self.ran = False  # adaptive eager queues it once it has run: its compile is known good
 
     def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.queue
-        if queue.enabled and self.queueable:
+        if queue.enabled and self.ran:
             return self._record(queue, tensors, storages, scalars, generator)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
@@ -247,9 +246,7 @@ class Executable:
                 raise
             # the first call compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None
-        if not self.ran:
-            self.ran = True
-            self.queueable = not self.check_errors  # device-side checks need each op's own results
+        self.ran = True
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)

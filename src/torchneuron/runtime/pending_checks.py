@@ -4,6 +4,8 @@ import os
 
 import numpy as np
 
+from .storage import Pending
+
 # beyond this many unread checks on a device, reading them costs less than keeping them
 LIMIT = 1024
 # each op's checks read as it is launched: errors name the failing op's call site (a debugging aid)
@@ -12,6 +14,7 @@ _pending = collections.defaultdict(list)
 
 
 def add(device_index: int, op, conditions, errors) -> None:
+    """`conditions`: the op's check results, arrays or (queued by adaptive eager) Pending buffers."""
     queue = _pending[device_index]
     queue.append((op, conditions, errors))
     if BLOCKING or len(queue) > LIMIT:
@@ -26,7 +29,7 @@ def raise_failures(device_index: int) -> None:
     when = "at the op (TORCHNEURON_LAUNCH_BLOCKING=1)" if BLOCKING else "at synchronisation"
     for op, conditions, errors in queue:
         for condition, (error_type, message) in zip(conditions, errors):
-            condition = np.asarray(condition)
+            condition = np.asarray(condition.resolve() if type(condition) is Pending else condition)
             if not bool(condition[0] if condition.ndim else condition):
                 if condition.ndim:  # (ok, the first bad value) of a check whose message names it
                     message = message.format(int(condition[1]))
