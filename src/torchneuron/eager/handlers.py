@@ -11,7 +11,7 @@ from ..runtime import storage, transfer
 from ..runtime.dtypes import convert_to, to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
-from . import cpu_dtypes, out_dtypes, transfers
+from . import cpu_dtypes, out_dtypes, transfers, views
 from .executable import Compute, devices_differ
 
 aten = torch.ops.aten
@@ -53,8 +53,8 @@ def to_copy(func, args, kwargs):
         if memory_format is None and host.stride() == tensor.stride():
             return host
         # the copy keeps a dense tensor's strides (preserve_format, the default), as the CPU's and CUDA's do
-        layout = torch.empty_strided(tensor.shape, tensor.stride(), dtype=host.dtype, device="meta")
-        strides = torch.empty_like(layout, memory_format=memory_format or torch.preserve_format).stride()
+        preserved = torch.empty_like(views.meta_like(tensor), memory_format=memory_format or torch.preserve_format)
+        strides = preserved.stride()
         if strides == host.stride():
             return host
         return torch.empty_strided(host.shape, strides, dtype=host.dtype, device=device).copy_(host)
@@ -90,12 +90,9 @@ def on_requested_device(handler, func):
         device = kwargs.get("device")
         if device is None or torch.device(device).type == "neuron":
             return handler(func, args, kwargs)
-        args = [transfers.to_host(a) if isinstance(a, NeuronTensor) and not (metadata_only and i == 0) else a
-                for i, a in enumerate(args)]
-        if metadata_only:
-            first = args[0]
-            args[0] = torch.empty_strided(first.shape, first.stride(), dtype=first.dtype, device="meta")
-        return func(*args, **kwargs)
+        stand_ins = [views.meta_like(args[0])] if metadata_only else []
+        rest = [transfers.to_host(a) if isinstance(a, NeuronTensor) else a for a in args[len(stand_ins):]]
+        return func(*stand_ins, *rest, **kwargs)
 
     return run
 
@@ -167,8 +164,6 @@ def is_pinned(func, args, kwargs):
 
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
-    from .views import reset_view
-
     tensor, size = args[0], tuple(args[1])
     memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
     if size == tuple(tensor.shape) and memory_format is None:
@@ -182,7 +177,7 @@ def resize_(func, args, kwargs):
     storage = tensor._storage
     if needed > storage.numel:
         storage.resize(needed)
-    reset_view(tensor, storage, (size, strides, offset, tensor.dtype))
+    views.reset_view(tensor, storage, (size, strides, offset, tensor.dtype))
     return tensor
 
 
@@ -197,10 +192,8 @@ def resize_as_(func, args, kwargs):
 
 @handles(aten.set_.source_Tensor)
 def set_tensor(func, args, kwargs):
-    from .views import reset_view
-
     tensor, source = args
-    reset_view(tensor, source._storage, source._spec)
+    views.reset_view(tensor, source._storage, source._spec)
     return tensor
 
 
@@ -213,17 +206,13 @@ def _requested_view(tensor, args, kwargs):
 
 @handles(aten.set_.source_Tensor_storage_offset)
 def set_tensor_view(func, args, kwargs):
-    from .views import reset_view
-
     tensor, source = args[:2]
-    reset_view(tensor, source._storage, _requested_view(tensor, args, kwargs))
+    views.reset_view(tensor, source._storage, _requested_view(tensor, args, kwargs))
     return tensor
 
 
 @handles(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
 def set_storage(func, args, kwargs):
-    from .views import reset_view
-
     tensor, untyped = args[:2]
     if untyped.device.type != "neuron":
         raise RuntimeError(f"Expected a storage on device neuron, but got one on {untyped.device}")
@@ -232,7 +221,7 @@ def set_storage(func, args, kwargs):
         view = ((untyped.nbytes() // tensor.dtype.itemsize,), (1,), 0, tensor.dtype)
     else:
         view = _requested_view(tensor, args, kwargs)
-    reset_view(tensor, target, view)
+    views.reset_view(tensor, target, view)
     return tensor
 
 

@@ -25,7 +25,8 @@ def meta_view(spec, storage, bases=None) -> torch.Tensor:
     return base.as_strided(shape, stride, offset)
 
 
-def _meta_like(t: NeuronTensor) -> torch.Tensor:
+def meta_like(t: NeuronTensor) -> torch.Tensor:
+    """A meta tensor with `t`'s view: what PyTorch's meta kernels need to know of it."""
     return meta_view(t._spec, t._storage)
 
 
@@ -41,7 +42,7 @@ def view(func, args, kwargs):
     key = (func, targs, tkwargs, source._spec, source._storage.numel)
     specs = _view_cache.get(key)
     if specs is None:
-        metas = [_meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
+        metas = [meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
         out = func(*fill(targs, metas, scalars), **{k: fill(v, metas, scalars) for k, v in tkwargs})
         specs = [_spec_of(o) for o in out] if isinstance(out, (list, tuple)) else _spec_of(out)
         for spec in specs if isinstance(specs, list) else [specs]:
@@ -98,7 +99,7 @@ def inplace_view(func, args, kwargs):
     tensor = args[0]
     if func is torch.ops.aten.detach_.default:
         return tensor
-    meta = _meta_like(tensor)
+    meta = meta_like(tensor)
     func(meta, *args[1:], **kwargs)
     spec = _spec_of(meta)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
