@@ -21,9 +21,9 @@ from ..ops import collectives, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
-from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of
+from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of, storage_views
 from ..runtime.layout import contiguous_strides
-from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, wrap
+from ..runtime.tensor import new_contiguous_tensor, wrap
 from . import disk_cache
 from .stats import counters
 
@@ -63,24 +63,21 @@ class CompiledGraph:
         if self.refused is not None:
             raise self.refused.with_traceback(None)  # one traceback per call, not one grown by each
         args = list(args)
-        positions, statics = [], []
+        positions, statics, tensors = [], [], []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 positions.append(i)
+                tensors.append(a)
             else:
                 statics.append(a)
-        tensors = [args[i] for i in positions]
-        if any(type(t) is not NeuronTensor for t in tensors):
+        storages, views = storage_views(tensors)
+        if storages is None:
             transfers.bring_to_device(tensors)
             for i, t in zip(positions, tensors):
                 args[i] = t
-        storages, pattern = _distinct_storages(tensors)
-        key = (
-            tuple(t._spec for t in tensors),
-            tuple(pattern),
-            tuple((s.numel, s.dtype) for s in storages),  # as in eager: the storages' dtypes are part of the program
-            tuple(statics),
-        )
+            storages, views = storage_views(tensors)
+        # as in eager: the views, which storage each reads, and the storages' sizes and dtypes
+        key = (tuple(views), tuple(statics))
         program = self.specialisations.get(key)
         if program is None:
             counters["specialisations"] += 1
@@ -88,7 +85,7 @@ class CompiledGraph:
                 counters["recompiles"] += 1
             if events.listening:
                 events.signature("graph", self.name, key)
-            program = self.specialisations[key] = _Program(self, args, positions, storages, pattern, key)
+            program = self.specialisations[key] = _Program(self, args, positions, storages, views, key)
         return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
 
 
@@ -160,18 +157,6 @@ def _meta_device(gm) -> int:
     return 0
 
 
-def _distinct_storages(tensors):
-    storages, pattern, index = [], [], {}
-    for t in tensors:
-        s = t._storage
-        i = index.get(id(s))
-        if i is None:
-            i = index[id(s)] = len(storages)
-            storages.append(s)
-        pattern.append(i)
-    return storages, pattern
-
-
 def _layouts(array_outputs) -> list:
     """(position, shape, strides, dtype) of each array output, built once: outputs are made at every call."""
     return [(j, tuple(shape), contiguous_strides(shape), dtype) for j, shape, dtype in array_outputs]
@@ -180,8 +165,9 @@ def _layouts(array_outputs) -> list:
 class _Program:
     """The storage program for one input signature, and how to turn its results into tensors."""
 
-    def __init__(self, graph: CompiledGraph, args, positions, storages, pattern, signature):
-        specs = [args[i]._spec for i in positions]
+    def __init__(self, graph: CompiledGraph, args, positions, storages, views, signature):
+        specs = [view[0] for view in views]
+        pattern = [view[1] for view in views]
         devices = {spec[4] for spec in specs}
         if len(devices) > 1:
             raise RuntimeError(f"torchneuron: a compiled graph got tensors on several devices: {sorted(devices)}")

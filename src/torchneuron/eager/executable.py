@@ -17,7 +17,7 @@ from ..ops import checks, registry, rules
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import UnsupportedDtype, convert_to
-from ..runtime.program import StorageProgram
+from ..runtime.program import StorageProgram, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
 from ..runtime.transfer import device_scalar
@@ -52,7 +52,7 @@ class Compute:
                 targs.append(template(a, tensors, scalars, dynamic))
         targs = tuple(targs)
         tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
-        storages, views = _storage_views(tensors)
+        storages, views = storage_views(tensors)
         if storages is None:
             transfers.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
@@ -82,24 +82,6 @@ class Compute:
             eager_cache.put(key, fallback.run_on_cpu)
             fallback.note_failure(func, failure.cause)
             return fallback.run_on_cpu(func, args, kwargs)
-
-
-def _storage_views(tensors):
-    """The storages the tensors view, and each one's view and storage number (None, None if any is not a
-    neuron tensor)."""
-    storages, views, index = [], [], {}
-    for t in tensors:
-        if type(t) is not NeuronTensor:
-            return None, None
-        s = t._storage
-        i = index.get(s)
-        if i is None:
-            i = index[s] = len(storages)
-            storages.append(s)
-        # the storage's dtype too: a view's dtype may differ from it (view(dtype)), and complex32 storages
-        # share their carrier with complex64 ones
-        views.append((t._spec, i, s.numel, s.dtype))
-    return storages, views
 
 
 _first_offsets = {}  # a signature without its view offsets -> the offsets it was first seen with

@@ -189,7 +189,6 @@ def recompile_cause(what: str, old, new) -> str:
 
 
 def _specs(what, key) -> list:
-    # eager: (op, args, kwargs, ((spec, storage number, storage size), ...), scalar types, default dtype);
-    # graph: ((spec, ...), storage pattern, storage sizes, non-tensor inputs); spec = (shape, stride, offset,
-    # dtype, device)
-    return [view[0] for view in key[3]] if what == "eager" else list(key[0])
+    # eager: (op, args, kwargs, views, scalar types, default dtype); graph: (views, non-tensor inputs); a view
+    # is (spec, storage number, storage size, storage dtype), spec = (shape, stride, offset, dtype, device)
+    return [view[0] for view in key[3 if what == "eager" else 0]]

@@ -13,6 +13,25 @@ from . import layout
 from .dtypes import to_jax
 from .platform import jax_device
 from .storage import Pending
+from .tensor import NeuronTensor
+
+
+def storage_views(tensors):
+    """The storages the tensors view, and for each tensor its view and storage number (None, None if any is
+    not a neuron tensor): what a program's signature is made of, as a tensor's view is read from its
+    storage. Each view carries its storage's size and dtype too: a view's dtype may differ from its
+    storage's (view(dtype)), and complex32 storages share their carrier with complex64 ones."""
+    storages, views, index = [], [], {}
+    for t in tensors:
+        if type(t) is not NeuronTensor:
+            return None, None
+        s = t._storage
+        i = index.get(s)
+        if i is None:
+            i = index[s] = len(storages)
+            storages.append(s)
+        views.append((t._spec, i, s.numel, s.dtype))
+    return storages, views
 
 
 class StorageProgram:
