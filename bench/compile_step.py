@@ -48,6 +48,7 @@ def precompiled(model, x, path):
         with open(path, "rb") as f:
             forward = torch.compiler.load_compiled_function(f)
     else:
+        torch._dynamo.config.enable_aot_compile = True  # off by default in older PyTorch releases
         forward = torch.compile(_forward, backend=neuron_backend, fullgraph=True).aot_compile(((model, x), {}))
         forward.save_compiled_function(path)
     return functools.partial(forward, model)

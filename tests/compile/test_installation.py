@@ -75,6 +75,7 @@ def test_second_process_loads_executables_from_disk_and_trims_the_cache_when_it_
 PRECOMPILED_STEP = """
 import json, os, sys, torch
 path = sys.argv[1]
+torch._dynamo.config.enable_aot_compile = True  # off by default in older PyTorch releases
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to("neuron")
 def loss_and_host_copy(model, x):
