@@ -102,8 +102,7 @@ class Queue:
             pendings = [Pending(numel, number, run) for number, numel in enumerate(executable.output_sizes, n)]
             self.n_values = n + len(pendings)
             self.pendings += map(weakref.ref, pendings)
-            first = n
-            self.ops.append((executable, tuple(args), first))
+            self.ops.append((executable, tuple(args), n))
             if len(self.ops) >= self.limit:
                 self.flush()
             return pendings
