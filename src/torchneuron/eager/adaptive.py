@@ -73,10 +73,8 @@ class Queue:
                 self.flush()
                 self.device_index, self.thread = executable.device_index, thread
                 _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
-            # the per-tensor loop of every queued op (a foreach op's hundreds): method lookups hoisted
             args = []
-            known, add_external, add_number = self.external_index, self.externals.append, self.external_values.append
-            n = self.n_values
+            known = self.external_index
             for p in executable.argument_storages:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
@@ -88,21 +86,15 @@ class Queue:
                     buffer = storages[p].buffer
                 value = known.get(id(buffer))  # a buffer read twice is one input
                 if value is None:
-                    value = known[id(buffer)] = n
-                    add_external(buffer)
-                    add_number(n)
-                    n += 1
+                    value = known[id(buffer)] = self._new_external(buffer)
                 args.append(value)
             for extra in extras:
-                add_external(extra)
-                add_number(n)
-                args.append(n)
-                n += 1
-            run = self._run
-            pendings = [Pending(numel, number, run) for number, numel in enumerate(executable.output_sizes, n)]
-            self.n_values = n + len(pendings)
+                args.append(self._new_external(extra))
+            first = self.n_values
+            pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
+            self.n_values += len(pendings)
             self.pendings += map(weakref.ref, pendings)
-            self.ops.append((executable, tuple(args), n))
+            self.ops.append((executable, tuple(args), first))
             if len(self.ops) >= self.limit:
                 self.flush()
             return pendings
@@ -121,6 +113,12 @@ class Queue:
             del self._sighted[next(iter(self._sighted))]
         self._sighted[key] = None
         return True
+
+    def _new_external(self, value) -> int:
+        self.externals.append(value)
+        self.external_values.append(self.n_values)
+        self.n_values += 1
+        return self.n_values - 1
 
     def flush(self) -> None:
         with self.lock:
