@@ -151,6 +151,21 @@ def test_recompile_causes_shape_dtype_and_strides():
     assert causes[:4] == ["shape", "dtype", "shape", "strides or storage offset"]
 
 
+def test_recompile_causes_of_a_compiled_graph():
+    """A compiled graph's programs are specialised per input signature (with dynamic=True, one graph meets
+    new shapes), and the doctor names what changed, as for eager ops."""
+    double_sine = torch.compile(lambda x: x.sin() * 2, backend="neuron", dynamic=True)
+    square = torch.ones(4, 4, device="neuron")
+    with Collector() as collector:
+        double_sine(torch.ones(3, 2, device="neuron"))
+        double_sine(torch.ones(5, 2, device="neuron"))
+        double_sine(torch.ones(5, 2, device="neuron", dtype=torch.float64))
+        double_sine(square)
+        double_sine(square.t())
+    causes = [cause for name, cause, _, _ in collector.recompiles if name.startswith("neuron_graph")]
+    assert causes == ["shape", "dtype", "shape", "strides or storage offset"]
+
+
 def test_script_exit_status_is_the_doctors(tmp_path, capsys):
     script = tmp_path / "fails.py"
     script.write_text("import sys\nsys.exit(3)\n")
