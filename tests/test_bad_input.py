@@ -446,3 +446,24 @@ def test_a_cpu_out_tensor_for_a_data_dependent_op_raises(bad):
     with pytest.raises(RuntimeError, match="on the same device"):
         bad()
 
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda cpu_scalar, x: cpu_scalar.add_(x),
+        lambda cpu_scalar, x: cpu_scalar.mul_(x),
+        lambda cpu_scalar, x: torch.add(x, x, out=cpu_scalar),
+        lambda cpu_scalar, x: torch.mul(x, 2, out=cpu_scalar),
+    ],
+    ids=["add_", "mul_", "add-out", "mul-out"],
+)
+def test_a_device_op_writing_a_cpu_scalar_raises(write):
+    """A 0-dim CPU tensor may be an input of a neuron op, as of a CUDA one, but not what the op writes:
+    CUDA raises, and a device copy would take the result and leave the CPU tensor unchanged."""
+    cpu_scalar, x = torch.tensor(1.0), torch.full((), 2.0, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least "
+                                           "two devices, neuron:0 and cpu!"):
+        write(cpu_scalar, x)
+    assert cpu_scalar.item() == 1.0
+    assert x.add_(cpu_scalar).item() == 3.0  # as an input it is allowed
+

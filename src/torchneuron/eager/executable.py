@@ -54,6 +54,7 @@ class Compute:
         tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
         storages, views = storage_views(tensors)
         if storages is None:
+            _refuse_host_outputs(self.rule, func, args, kwargs, tensors)
             transfers.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
         scalar_types = tuple(map(type, scalars)) if scalars else ()
@@ -115,6 +116,18 @@ def devices_differ(first, second) -> RuntimeError:
     """The CPU's error for tensors of one op on two devices."""
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {first} and "
                         f"{second}!")
+
+
+def _refuse_host_outputs(rule, func, args, kwargs, tensors):
+    """A 0-dim CPU tensor may be an input of a device op but never what it writes (its in-place `self`, an
+    out=): CUDA's TensorIterator raises, where a device copy would take the result and drop it."""
+    for name in rule.mutated:
+        position = _position(func, name)
+        value = kwargs[name] if name in kwargs else args[position] if position < len(args) else None
+        for written in registry.flatten(value):
+            if isinstance(written, torch.Tensor) and type(written) is not NeuronTensor:
+                device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
+                raise devices_differ(f"neuron:{device_index}", written.device)
 
 
 def _check_same_device(tensors):
