@@ -38,7 +38,7 @@ def bring_to_device(tensors: list) -> None:
         if type(t) is NeuronTensor:
             continue
         if t.device.type == "cpu" and t.dim() == 0:
-            tensors[i] = from_host(t, device_index)
+            tensors[i] = wrap_buffer(transfer.host_scalar_to_device(t, device_index), (), t.dtype, device_index)
         else:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "

@@ -27,6 +27,25 @@ def _host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     return buffer
 
 
+_host_scalars = {}
+_MAX_HOST_SCALARS = 4096
+
+
+def host_scalar_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
+    """A 0-dim CPU tensor's value as a flat device buffer, one per dtype and value: such a tensor is only
+    ever an op's input (CPU scalars mix with device tensors as inputs, never as results), so the buffer is
+    never written or donated, and an op given the same scalar again reads it without a transfer."""
+    value = tensor.item()
+    # str for the values equality cannot tell apart: 0.0 and -0.0, and NaN, which equals nothing
+    key = (tensor.dtype, value if value and value == value else str(value), device_index)
+    buffer = _host_scalars.get(key)
+    if buffer is None or buffer.is_deleted():
+        if len(_host_scalars) >= _MAX_HOST_SCALARS:
+            _host_scalars.clear()
+        buffer = _host_scalars[key] = host_to_device(tensor, device_index)
+    return buffer
+
+
 def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """A device array as a CPU tensor that owns its memory."""
     if events.listening:
