@@ -168,7 +168,8 @@ def test_a_cpu_scalar_input_is_put_on_the_device_once_per_value():
 
     x = torch.randn(3, device="neuron")
     scalars = [torch.tensor(2.5), torch.tensor(-0.0), torch.tensor(0.0), torch.tensor(float("nan")),
-               torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(2), torch.tensor(True)]
+               torch.tensor(-float("nan")), torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(2),
+               torch.tensor(True)]
     with Collector() as collector:
         for _ in range(2):
             for s in scalars:

@@ -27,25 +27,6 @@ def _host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     return buffer
 
 
-_host_scalars = {}
-_MAX_HOST_SCALARS = 4096
-
-
-def host_scalar_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
-    """A 0-dim CPU tensor's value as a flat device buffer, one per dtype and value: such a tensor is only
-    ever an op's input (CPU scalars mix with device tensors as inputs, never as results), so the buffer is
-    never written or donated, and an op given the same scalar again reads it without a transfer."""
-    value = tensor.item()
-    # str for the values equality cannot tell apart: 0.0 and -0.0, and NaN, which equals nothing
-    key = (tensor.dtype, value if value and value == value else str(value), device_index)
-    buffer = _host_scalars.get(key)
-    if buffer is None or buffer.is_deleted():
-        if len(_host_scalars) >= _MAX_HOST_SCALARS:
-            _host_scalars.clear()
-        buffer = _host_scalars[key] = host_to_device(tensor, device_index)
-    return buffer
-
-
 def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """A device array as a CPU tensor that owns its memory."""
     if events.listening:
@@ -73,6 +54,7 @@ def _device_index(array: jax.Array) -> int:
     return devices().index(next(iter(array.devices())))
 
 
+# device copies of scalars by value: Python numbers (device_scalar) and 0-dim CPU tensors (host_scalar_to_device)
 _scalars = {}
 _MAX_SCALARS = 4096
 
@@ -83,11 +65,33 @@ def device_scalar(value: float, device_index: int) -> jax.Array:
     the float's promotion (a float32 tensor plus it stays float32) and the executable's signature.
     Put as a host value, not made by `jnp.asarray`: that runs a device computation, which waits behind the
     programs queued before it (an optimizer's new step size each step waited for the backward pass)."""
-    # the type: 1, 1.0 and True are equal keys otherwise; str: 0.0 and -0.0 are
-    key = (type(value), value if value else str(value), device_index)
+    # the type: 1, 1.0 and True are equal keys otherwise
+    key = (type(value), value if value and value == value else _bits(value), device_index)
     array = _scalars.get(key)
     if array is None:
-        if len(_scalars) >= _MAX_SCALARS:
-            _scalars.clear()
-        array = _scalars[key] = jax.device_put(value, jax_device(device_index))
+        array = _remember(key, jax.device_put(value, jax_device(device_index)))
+    return array
+
+
+def host_scalar_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
+    """A 0-dim CPU tensor's value as a flat device buffer, one per dtype and value: such a tensor is only
+    ever an op's input (CPU scalars mix with device tensors as inputs, never as results), so the buffer is
+    never written or donated, and an op given the same scalar again reads it without a transfer."""
+    value = tensor.item()
+    key = (tensor.dtype, value if value and value == value else _bits(value), device_index)
+    array = _scalars.get(key)
+    if array is None:
+        array = _remember(key, host_to_device(tensor, device_index))
+    return array
+
+
+def _bits(value) -> bytes:
+    """Zeros and NaNs are keyed by their bits: equality cannot tell 0.0 from -0.0, and NaN equals nothing."""
+    return np.asarray(value).tobytes()
+
+
+def _remember(key, array: jax.Array) -> jax.Array:
+    if len(_scalars) >= _MAX_SCALARS:
+        _scalars.clear()
+    _scalars[key] = array
     return array
