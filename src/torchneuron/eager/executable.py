@@ -54,7 +54,7 @@ class Compute:
         tkwargs = tuple([(k, template(v, tensors, scalars, dynamic)) for k, v in kwargs.items()]) if kwargs else ()
         storages, views = storage_views(tensors)
         if storages is None:
-            _refuse_host_outputs(self.rule, func, args, kwargs, tensors)
+            _refuse_host_outputs(func, args, kwargs, tensors)
             transfers.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
         scalar_types = tuple(map(type, scalars)) if scalars else ()
@@ -118,16 +118,13 @@ def devices_differ(first, second) -> RuntimeError:
                         f"{second}!")
 
 
-def _refuse_host_outputs(rule, func, args, kwargs, tensors):
+def _refuse_host_outputs(func, args, kwargs, tensors):
     """A 0-dim CPU tensor may be an input of a device op but never what it writes (its in-place `self`, an
     out=): CUDA's TensorIterator raises, where a device copy would take the result and drop it."""
-    for name in rule.mutated:
-        position = _position(func, name)
-        value = kwargs[name] if name in kwargs else args[position] if position < len(args) else None
-        for written in registry.flatten(value):
-            if isinstance(written, torch.Tensor) and type(written) is not NeuronTensor:
-                device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
-                raise devices_differ(f"neuron:{device_index}", written.device)
+    for written in registry.flatten(registry.written_arguments(func, args, kwargs)):
+        if isinstance(written, torch.Tensor) and type(written) is not NeuronTensor:
+            device_index = next((t._spec[4] for t in tensors if type(t) is NeuronTensor), 0)
+            raise devices_differ(f"neuron:{device_index}", written.device)
 
 
 def _check_same_device(tensors):
@@ -167,10 +164,8 @@ class Executable:
             raise fallback.cpu_error(rule.op, meta_args, meta_kwargs) or error from None
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
-        mutated = []
-        for name in rule.mutated:
-            value = meta_kwargs[name] if name in meta_kwargs else meta_args[_position(op.func, name)]
-            mutated.extend(by_identity[id(m)] for m in registry.flatten(value) if m is not None)
+        written = registry.flatten(registry.written_arguments(op.func, meta_args, meta_kwargs))
+        mutated = [by_identity[id(m)] for m in written if m is not None]
         self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
         # a resized tensor's new view is the meta kernel's for these offsets
         self.traced_offsets = traced_offsets = traced_offsets and not resized
@@ -318,13 +313,6 @@ def _check_inplace_shapes(func, changes):
     for old, new in changes:
         if tuple(old) != tuple(new):
             raise RuntimeError(f"output with shape {list(old)} doesn't match the broadcast shape {list(new)}")
-
-
-def _position(func, name) -> int:
-    for i, a in enumerate(func._schema.arguments):
-        if a.name == name:
-            return i
-    raise KeyError(name)
 
 
 def _output_plan(meta_out, by_identity, fresh):

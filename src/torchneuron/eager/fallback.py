@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_map
 
-from ..ops.registry import mutated_arguments
+from ..ops.registry import flatten, written_arguments
 from ..runtime import events
 from ..runtime.layout import storage_extent
 from ..runtime.tensor import NeuronTensor
@@ -75,10 +75,10 @@ def run_on_cpu(func, args, kwargs):
         cpu_kwargs["device"] = "cpu"
     out = func(*cpu_args, **cpu_kwargs)
     back = {id(cpu): neuron for neuron, cpu in copies.values()}
-    for name_ in mutated_arguments(func):
-        for neuron, cpu in copies.values():
-            if any(cpu is v for v in _values(cpu_args, cpu_kwargs, func, name_)):
-                neuron.copy_(cpu)
+    written = {id(value) for value in flatten(written_arguments(func, cpu_args, cpu_kwargs))}
+    for neuron, cpu in copies.values():
+        if id(cpu) in written:
+            neuron.copy_(cpu)
 
     def to_neuron(value):
         if isinstance(value, torch.Tensor):
@@ -95,15 +95,6 @@ def run_on_cpu(func, args, kwargs):
 
 def _is_neuron(device) -> bool:
     return device is not None and torch.device(device).type == "neuron"
-
-
-def _values(args, kwargs, func, name):
-    if name in kwargs:
-        value = kwargs[name]
-    else:
-        index = [a.name for a in func._schema.arguments].index(name)
-        value = args[index] if index < len(args) else None
-    return value if isinstance(value, (list, tuple)) else [value]
 
 
 def note_failure(func, cause) -> None:

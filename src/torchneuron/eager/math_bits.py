@@ -9,6 +9,8 @@ flagged inputs are resolved here.
 """
 import torch
 
+from ..ops import registry
+
 aten = torch.ops.aten
 
 
@@ -108,7 +110,7 @@ def resolving(inner):
             return value
 
         out = inner(func, tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()})
-        written = {id(t) for t in _written_arguments(func, args, kwargs)}
+        written = {id(t) for t in registry.flatten(registry.written_arguments(func, args, kwargs))}
         back = {}
         for original, copy in copies.values():
             if id(original) in written:
@@ -126,14 +128,6 @@ def _any_flagged(args, kwargs) -> bool:
         if isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg()):
             return True
     return bool(kwargs) and any(flagged(value) for value in kwargs.values())
-
-
-def _written_arguments(func, args, kwargs) -> list:
-    schema = func._schema.arguments
-    positional = {a.name: args[i] for i, a in enumerate(schema) if i < len(args)}
-    values = {**positional, **kwargs}
-    return [values[a.name] for a in schema
-            if a.alias_info is not None and a.alias_info.is_write and isinstance(values.get(a.name), torch.Tensor)]
 
 
 # their results do not depend on the bits: neg and conj commute with negation and conjugation

@@ -130,6 +130,13 @@ def mutated_arguments(op) -> list:
     return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
 
+def written_arguments(op, args, kwargs) -> list:
+    """The values given for the arguments `op` writes, in `mutated_arguments` order (None where not given)."""
+    positions = {a.name: i for i, a in enumerate(op._schema.arguments)}
+    return [kwargs[name] if name in kwargs else args[positions[name]] if positions[name] < len(args) else None
+            for name in mutated_arguments(op)]
+
+
 def _signature_without(op, skip) -> tuple:
     return tuple((a.name, str(a.type)) for a in op._schema.arguments if a.name not in skip)
 
