@@ -236,6 +236,28 @@ def test_storage_is_shared_by_views_and_resizes():
         storage.resize_(1023)
 
 
+@pytest.mark.parametrize("inference", [False, True])
+def test_tensors_are_built_as_pytorch_builds_a_wrapper_subclass(inference):
+    """native.new_tensor builds every neuron tensor in place of torch.Tensor._make_wrapper_subclass: what
+    PyTorch sees of one (dispatch keys, device, view, autograd state, inference mode) must be the same."""
+    from torchneuron.runtime.tensor import NeuronTensor
+
+    with torch.inference_mode(inference):
+        base = torch.arange(24.0, device="neuron:1")
+        x = base.view(4, 6)[1:, ::2]
+        reference = torch.Tensor._make_wrapper_subclass(NeuronTensor, x.shape, strides=x.stride(),
+                                                        storage_offset=x.storage_offset(), dtype=x.dtype,
+                                                        device=x.device)
+    assert type(x) is NeuronTensor
+    assert torch._C._dispatch_keys(x) == torch._C._dispatch_keys(reference)
+    for fact in ("device", "shape", "dtype", "requires_grad", "is_leaf", "grad_fn", "layout"):
+        assert getattr(x, fact) == getattr(reference, fact), fact
+    assert (x.stride(), x.storage_offset(), x.is_contiguous(), x.is_inference()) == \
+        (reference.stride(), reference.storage_offset(), reference.is_contiguous(), reference.is_inference())
+    assert x.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert_same(x, torch.arange(24.0).view(4, 6)[1:, ::2])
+
+
 def test_tensor_resize_and_set_to_a_storage():
     x = torch.zeros(4, device="neuron")
     x.resize_(10)

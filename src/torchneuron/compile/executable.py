@@ -23,7 +23,7 @@ from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of, storage_views
 from ..runtime.layout import contiguous_strides
-from ..runtime.tensor import new_contiguous_tensor, wrap
+from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
 from .stats import counters
 
@@ -157,9 +157,9 @@ def _meta_device(gm) -> int:
     return 0
 
 
-def _layouts(array_outputs) -> list:
-    """(position, shape, strides, dtype) of each array output, built once: outputs are made at every call."""
-    return [(j, tuple(shape), contiguous_strides(shape), dtype) for j, shape, dtype in array_outputs]
+def _output_specs(array_outputs) -> list:
+    """(position, view spec) of each array output, built once: outputs are made at every call."""
+    return [(j, (tuple(shape), contiguous_strides(shape), 0, dtype)) for j, shape, dtype in array_outputs]
 
 
 class _Program:
@@ -217,7 +217,7 @@ class _Program:
             counters["xla_compiles"] += 1
             lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
             self.compiled, self.constants = lowered.compile(), constants
-            self.output_layouts = _layouts(array_outputs)
+            self.output_specs = _output_specs(array_outputs)
             return
 
         def export():
@@ -229,7 +229,7 @@ class _Program:
 
         path = disk_cache.path_for(gm, signature, self.device_index)
         exported, (array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
-        self.output_layouts = _layouts(array_outputs)
+        self.output_specs = _output_specs(array_outputs)
         # compiled now (through JAX's persistent cache), so that a failure surfaces here
         program = self.program.jit(self.device_index, exported.call if exported is not None else None)
         self.compiled = program.trace(*avals).lower().compile()
@@ -252,8 +252,8 @@ class _Program:
         outputs = [None if source is None else args[source] for source in self.sources]
         for j, value in self.constants.items():
             outputs[j] = value
-        for (j, shape, strides, dtype), array in zip(self.output_layouts, results[n_written:]):
-            outputs[j] = new_contiguous_tensor(array, shape, strides, dtype, self.device_index)
+        for (j, spec), array in zip(self.output_specs, results[n_written:]):
+            outputs[j] = new_tensor(array, spec, self.device_index)
         for j, aliased in self.aliases.items():
             base = outputs[aliased]
             outputs[j] = wrap(base._storage, *base._spec[:4])

