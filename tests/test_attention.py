@@ -25,6 +25,8 @@ def _inputs(dtype, kv_heads=4, keys=150, mask=None, seed=0, value_dim=8):
         m[5] = False  # a fully masked row gives zeros, as the math path's _safe_softmax does
     elif mask == "additive":
         m = (torch.randn(2, 1, 37, keys, generator=g) * 2).to(dtype).requires_grad_()
+    elif mask == "per-head row":  # one row per head, broadcast over the queries
+        m = (torch.randn(2, 4, 1, keys, generator=g) * 2).to(dtype).requires_grad_()
     else:
         m = None
     return q, k, v, m
@@ -46,6 +48,11 @@ CASES = [
     dict(dtype=torch.float32, mask="bool"),
     dict(dtype=torch.float32, mask="additive", scale=0.3),
     dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, is_causal=True),
+    dict(dtype=torch.float32, mask="per-head row"),
+    # grouped heads with masks shared by all heads, one per batch, one row per head
+    dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, mask="bool"),
+    dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, mask="additive"),
+    dict(dtype=torch.float32, kv_heads=2, enable_gqa=True, mask="per-head row"),
     dict(dtype=torch.bfloat16, is_causal=True),
     dict(dtype=torch.float32, value_dim=16),
     dict(dtype=torch.float32, value_dim=16, kv_heads=2, enable_gqa=True, is_causal=True, scale=0.3),
