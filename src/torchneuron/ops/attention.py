@@ -64,18 +64,13 @@ class _Layout:
         return jnp.moveaxis(x, -3, 0)
 
     def bias_blocks(self):
-        """The mask as (n_blocks, batch, kv_heads | 1, group * queries | 1, block), or None."""
+        """The mask as (n_blocks, batch, kv_heads | 1, group | 1, queries | 1, block), or None: kept in its
+        broadcast shape, and added to the scores in it (`scores`)."""
         if self.bias is None:
             return None
         bias = self.bias.reshape((1,) * (4 - self.bias.ndim) + self.bias.shape)
         b, h, rows, _ = bias.shape
-        kv_heads = self.kv_heads if h > 1 else 1
-        if rows == 1 and (h == 1 or self.group == 1):
-            bias = bias.reshape(b, kv_heads, 1, bias.shape[-1])  # one row for every query: kept broadcast
-        else:
-            bias = bias.reshape(b, kv_heads, self.group if h > 1 else 1, rows, bias.shape[-1])
-            bias = jnp.broadcast_to(bias, (b, kv_heads, self.group, self.queries, bias.shape[-1]))
-            bias = bias.reshape(b, kv_heads, self.group * self.queries, bias.shape[-1])
+        bias = bias.reshape(b, self.kv_heads if h > 1 else 1, self.group if h > 1 else 1, rows, bias.shape[-1])
         bias = jnp.broadcast_to(bias, bias.shape[:-1] + (self.keys,))
         bias = _pad_keys(bias, bias.ndim - 1, self.n_blocks * self.block)
         return jnp.moveaxis(bias.reshape(*bias.shape[:-1], self.n_blocks, self.block), -2, 0)
@@ -84,7 +79,10 @@ class _Layout:
         """Scaled scores of one key block, -inf where masked, causal-masked or padding."""
         s = jnp.einsum("bhqe,bhke->bhqk", q, k_block) * self.scale
         if bias_block is not None:
+            # the rows as (group, queries) for the mask's broadcast shape: a reshape, not a copy
+            s = s.reshape(*s.shape[:2], self.group, self.queries, self.block)
             s = jnp.where(bias_block, s, -jnp.inf) if bias_block.dtype == jnp.bool_ else s + bias_block
+            s = s.reshape(*s.shape[:2], self.group * self.queries, self.block)
         columns = index * self.block + jnp.arange(self.block)
         valid = columns < self.keys
         if self.is_causal:
