@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from ..runtime import rng
 from ..eager import adaptive, cpu_dtypes, transfers, views
-from ..ops import collectives, rules
+from ..ops import collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
@@ -137,12 +137,9 @@ def _mutated_inputs(gm, placeholders) -> set:
     """Indices of inputs the graph writes (AOTAutograd keeps such writes as copy_ onto the input)."""
     mutated = set()
     for node in gm.graph.nodes:
-        if not (_is_op(node) and rules.rule(node.target).mutated):
+        if not _is_op(node):
             continue
-        schema_names = [a.name for a in node.target._schema.arguments]
-        for name in rules.rule(node.target).mutated:
-            position = schema_names.index(name)
-            target = node.kwargs.get(name, node.args[position] if position < len(node.args) else None)
+        for target in registry.written_arguments(node.target, node.args, node.kwargs):
             if target in placeholders:
                 mutated.add(placeholders.index(target))
     return mutated
