@@ -12,6 +12,31 @@ def test_import_torch_alone_finds_the_device():
     assert out.split() == ["neuron:0", "neuron"]
 
 
+# after `import torch`: how many objects are frozen, and whether a reference cycle made afterwards is collected
+_FROZEN_AND_COLLECTED = """
+import gc, weakref, torch
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+alive = weakref.ref(a)
+del a, b
+gc.collect()
+print(gc.get_freeze_count(), alive() is None)
+"""
+
+
+@pytest.mark.parametrize("setting, frozen", [(None, True), ("0", False)])
+def test_import_freezes_the_import_time_objects_and_later_cycles_are_collected(monkeypatch, setting, frozen):
+    if setting is None:
+        monkeypatch.delenv("TORCHNEURON_GC_FREEZE", raising=False)
+    else:
+        monkeypatch.setenv("TORCHNEURON_GC_FREEZE", setting)
+    out = subprocess.run([sys.executable, "-c", _FROZEN_AND_COLLECTED], capture_output=True, text=True, check=True)
+    count, collected = out.stdout.split()
+    assert (int(count) > 100_000) == frozen
+    assert collected == "True"
+
+
 def test_module_basics():
     assert torch.neuron.is_available()
     assert torch.neuron.device_count() >= 1
