@@ -4,11 +4,17 @@ PyTorch CPU eager against neuron compiled, adaptive eager and eager, min of 6 st
 compiled graphs, are queued and fused by adaptive eager; "neuron compiled+opt" compiles the optimizer step
 too (`torch.compile(optimizer.step)`); "neuron eager" runs every op on its own.
 
-    python -m bench.gpt_step
+    python -m bench.gpt_step              # the step
+    python -m bench.gpt_step --products   # its matrix products alone: torch against a bare jax.jit
 
-Run it on an otherwise idle machine.
+`--products` times the step's kinds of matrix product at its sizes (attention's, batched over batch x heads,
+and the layers' two-dimensional ones with their weight gradients) in PyTorch and as a bare `jax.jit`
+(what XLA does with the product alone). Run it on an otherwise idle machine.
 """
+import argparse
 
+import jax
+import jax.numpy as jnp
 import torch
 
 import torchneuron  # noqa: F401
@@ -24,7 +30,32 @@ def best_ms(train, device: str, steps: int = 6) -> float:
     return 1000 * measure(train, device, inner=1, repeats=steps, warmup=3)["min"]
 
 
-def main() -> None:
+# (name, product, its operands' shapes): the GPT's B8 x H4 heads of T128 x D64, and its d256 layers over B*T rows
+PRODUCTS = [
+    ("attention scores q @ k^T", lambda a, b: a @ b.mT, (32, 128, 64), (32, 128, 64)),
+    ("attention output p @ v", lambda a, b: a @ b, (32, 128, 128), (32, 128, 64)),
+    ("attention gradient p^T @ dO", lambda a, b: a.mT @ b, (32, 128, 128), (32, 128, 64)),
+    ("the scores' FLOPs as one 2-D product", lambda a, b: a @ b, (4096, 64), (64, 128)),
+    ("linear x @ W^T", lambda a, b: a @ b.mT, (1024, 256), (256, 256)),
+    ("MLP up x @ W^T", lambda a, b: a @ b.mT, (1024, 256), (1024, 256)),
+    ("linear weight gradient dY^T @ x", lambda a, b: a.mT @ b, (1024, 256), (1024, 256)),
+    ("MLP down weight gradient dY^T @ x", lambda a, b: a.mT @ b, (1024, 256), (1024, 1024)),
+]
+
+
+def products(calls: int = 50) -> None:
+    print("| product | shapes | torch ms | bare jax.jit ms | jax / torch |\n|---|---|---:|---:|---:|")
+    for name, product, a_shape, b_shape in PRODUCTS:
+        a, b = torch.randn(a_shape), torch.randn(b_shape)
+        ja, jb = jnp.asarray(a.numpy()), jnp.asarray(b.numpy())
+        jitted = jax.jit(product)
+        t = measure(lambda: product(a, b), "cpu", inner=1, repeats=calls, warmup=3)["min"]
+        j = measure(lambda: jitted(ja, jb), "cpu", inner=1, repeats=calls, warmup=3, wait=jax.block_until_ready)["min"]
+        print(f"| {name} | {list(a_shape)} {list(b_shape)} | {1000 * t:.3f} | {1000 * j:.3f} | {j / t:.2f}x |",
+              flush=True)
+
+
+def steps() -> None:
     results = {}
     print("| step | ms | vs CPU eager |\n|---|---:|---:|")
     for device, mode in CONFIGS:
@@ -32,6 +63,15 @@ def main() -> None:
             train, _, _ = _step_fns(lambda: gpt(False), device, mode)
             results[device, mode] = ms = best_ms(train, device)
         print(f"| {device} {mode} | {ms:.1f} | {ms / results['cpu', 'eager']:.2f}x |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--products", action="store_true", help="the step's matrix products alone")
+    if parser.parse_args().products:
+        products()
+    else:
+        steps()
 
 
 if __name__ == "__main__":

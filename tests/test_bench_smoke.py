@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpt_step import PRODUCTS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +30,15 @@ def test_fixed_cost_prints_every_op():
     rows = [line for line in out.splitlines() if line.startswith("| ") and ("16x16" in line or "add_" in line)]
     assert len(rows) == 3 and all(len(r.split("|")) == 9 for r in rows), out
 
+
+
+def test_gpt_products_bench_times_every_product_on_both_sides():
+    out = subprocess.run([sys.executable, "-m", "bench.gpt_step", "--products"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ") and "ms" not in line
+            and not line.startswith("|---")]
+    assert [r[0] for r in rows] == [name for name, *_ in PRODUCTS], out
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows), out
 
 @pytest.mark.slow
 def test_attention_bench_smoke_runs_every_variant(tmp_path):
