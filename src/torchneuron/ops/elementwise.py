@@ -368,7 +368,11 @@ def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
 
 
 def _gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    if approximate == "tanh":
+        return jax.nn.gelu(x, approximate=True)
+    # PyTorch's CPU and CUDA kernels' formula. jax.nn.gelu's, x * erfc(-x / sqrt 2) / 2, is more exact far into
+    # the negative tail (where PyTorch gives -0), and took 2.4x as long on XLA:CPU (0.60 against 0.25 ms for 1M floats)
+    return 0.5 * x * (1 + lax.erf(x * 0.7071067811865476))
 
 
 lower(aten.gelu)(lambda x, *, approximate="none": elementwise(lambda v: _gelu(v, approximate), INT_TO_FLOAT)(x))
