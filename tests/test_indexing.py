@@ -48,6 +48,25 @@ def test_median_mode_nan_and_ties():
         assert_same(actual.indices, expected.indices)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_nans_above_infinity_and_both_zeros_equal(dtype, largest):
+    x = torch.tensor([[1.0, NAN, float("inf"), -NAN, 2.0, -0.0, 0.0, -float("inf"), 3.0]], dtype=dtype)
+    for k in (2, 4, 9):
+        expected, actual = on_both(lambda t: t.topk(k, largest=largest), x)
+        torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
+        torch.testing.assert_close(x.gather(1, actual.indices.cpu()), expected.values, equal_nan=True)
+
+
+@pytest.mark.parametrize("x", [torch.tensor([-2**31, 5, -3, 2**31 - 1, 0], dtype=torch.int32),
+                               torch.tensor([0, 255, 7, 1], dtype=torch.uint8)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_integers_at_their_limits(x, largest):
+    expected, actual = on_both(lambda t: t.topk(2, largest=largest), x)
+    assert_same(actual.values, expected.values)
+    assert_same(actual.indices, expected.indices)
+
 def test_segment_reduce_empty_segments_and_initial():
     data, lengths = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2])
     for reduce in ("max", "min", "sum", "mean", "prod"):
