@@ -219,8 +219,20 @@ def _scan(fn):
     return lowering
 
 
-lower(aten.cumsum)(_scan(jnp.cumsum))
-lower(aten.cumprod)(_scan(jnp.cumprod))
+def _running(combine, jnp_fn):
+    """A running sum or product: XLA:CPU runs jnp's as a window as long as the axis, quadratic in its length
+    (cumsum along the rows of 1024x1024 float32: 2.4-4.4 ms, against 1.2-1.3 ms as a scan of log depth;
+    PyTorch 0.5)."""
+
+    def running(x, axis):
+        return lax.platform_dependent(x, cpu=functools.partial(lax.associative_scan, combine, axis=axis),
+                                      default=functools.partial(jnp_fn, axis=axis))
+
+    return running
+
+
+lower(aten.cumsum)(_scan(_running(jnp.add, jnp.cumsum)))
+lower(aten.cumprod)(_scan(_running(jnp.multiply, jnp.cumprod)))
 
 
 @lower(aten.logcumsumexp)

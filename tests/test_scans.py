@@ -1,0 +1,37 @@
+"""Running sums and products along axes longer than the OpInfo samples reach (XLA:CPU runs them as log-depth scans)."""
+import pytest
+import torch
+
+from conftest import assert_same
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.int64])
+@pytest.mark.parametrize("shape, dim", [((3, 100), 1), ((100, 3), 0), ((2, 33, 4), -2), ((1000,), 0), ((4, 32), 1)])
+def test_cumsum_along_long_axes(dtype, shape, dim):
+    x = (torch.randn(shape, dtype=torch.complex64 if dtype.is_complex else torch.float32) * 4).to(dtype)
+    assert_same(torch.cumsum(x.to("neuron"), dim), torch.cumsum(x, dim))
+
+
+def test_cumsum_gradient_along_a_long_axis():
+    x = torch.randn(5, 200, requires_grad=True)
+    weights = torch.randn(5, 200)
+    (torch.cumsum(x, 1) * weights).sum().backward()
+    on_device = x.detach().to("neuron").requires_grad_()
+    (torch.cumsum(on_device, 1) * weights.to("neuron")).sum().backward()
+    assert_same(on_device.grad, x.grad)
+
+
+def test_cumsum_keeps_infinities_and_nans_where_the_cpu_has_them():
+    x = torch.ones(2, 70)
+    x[0, 40] = float("inf")
+    x[1, 10] = float("nan")
+    assert_same(torch.cumsum(x.to("neuron"), 1), torch.cumsum(x, 1), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.int64])
+def test_cumprod_along_a_long_axis(dtype):
+    if dtype == torch.int64:
+        x = torch.randint(-3, 4, (3, 150))  # overflows and wraps around, as on the CPU
+    else:
+        x = (1 + torch.randn(3, 150, dtype=torch.complex64 if dtype.is_complex else torch.float32) / 50).to(dtype)
+    assert_same(torch.cumprod(x.to("neuron"), 1), torch.cumprod(x, 1))
