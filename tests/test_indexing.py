@@ -67,6 +67,18 @@ def test_topk_integers_at_their_limits(x, largest):
     assert_same(actual.values, expected.values)
     assert_same(actual.indices, expected.indices)
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(0, keepdim=True), lambda t: t.argmax(),
+                                lambda t: t.max(1), lambda t: t.min(0)])
+def test_arg_extremes_take_the_first_nan_or_the_first_tie(dtype, fn):
+    inf = float("inf")
+    x = torch.tensor([[1.0, 3.0, NAN, 3.0, NAN], [2.0, -0.0, 0.0, 2.0, -inf], [inf, inf, 1.0, -inf, -inf],
+                      [0.0, -0.0, 0.0, -0.0, 0.0]], dtype=dtype)
+    expected, actual = on_both(fn, x)
+    for a, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected))):
+        torch.testing.assert_close(a.cpu(), e, equal_nan=True)
+
 def test_segment_reduce_empty_segments_and_initial():
     data, lengths = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2])
     for reduce in ("max", "min", "sum", "mean", "prod"):
