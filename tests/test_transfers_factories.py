@@ -90,6 +90,21 @@ def test_random_factories_have_the_right_moments():
     assert sorted(p.tolist()) == list(range(100))
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_multinomial_draws_in_proportion_and_never_a_zero_weight(dtype):
+    torch.manual_seed(0)
+    weights = torch.tensor([[2.0, 0.0, 6.0, 12.0, 0.0], [0.0, 0.0, 0.0, 1.0, 3.0]], dtype=dtype)  # unnormalised
+    draws = torch.multinomial(weights.to("neuron"), 50_000, replacement=True).cpu()
+    assert draws.shape == (2, 50_000) and draws.dtype == torch.int64
+    for row, w in zip(draws, weights.float()):
+        assert torch.allclose(torch.bincount(row, minlength=5) / row.numel(), w / w.sum(), atol=0.01)
+    rows = weights.repeat(500, 1)  # alternately the two rows
+    without = torch.multinomial(rows.to("neuron"), 2).cpu()
+    assert all(len(set(r)) == 2 and all(w[i] > 0 for i in r) for r, w in zip(without.tolist(), rows))
+    first = torch.bincount(without[::2, 0], minlength=5) / 500  # the first draws from row 0 follow its weights
+    assert first[1] == first[4] == 0 and torch.allclose(first[[0, 2, 3]], torch.tensor([0.1, 0.3, 0.6]), atol=0.06)
+
 def test_complex_random_factories_draw_both_parts():
     """PyTorch draws a complex tensor's real and imaginary parts independently, a normal's variance split
     between them; the mean of normal_ goes to both parts."""

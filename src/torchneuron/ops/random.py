@@ -9,6 +9,7 @@ from jax import lax
 from ..runtime.dtypes import to_jax
 from . import checks
 from .promotion import scalar_type_name
+from .reductions import running_sum
 from .registry import META, lower
 
 aten = torch.ops.aten
@@ -151,13 +152,24 @@ def multinomial(key, probabilities, num_samples, replacement=False, *, generator
     checks.require(jnp.isfinite(p) & (p >= 0), RuntimeError,
                    "probability tensor contains either `inf`, `nan` or element < 0")
     checks.require(jnp.sum(p, axis=-1) > 0, RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)")
-    logits = jnp.log(p)
     if replacement:
-        samples = jax.random.categorical(key, logits, shape=(num_samples,) + logits.shape[:-1])
-        return jnp.moveaxis(samples, 0, -1).astype(jnp.int64)
-    # Gumbel top-k draws without replacement in one pass
-    perturbed = logits + jax.random.gumbel(key, logits.shape)
+        return _inverse_transform_samples(key, p, num_samples)
+    # Gumbel top-k draws without replacement in one pass (in float32: XLA:CPU's TopK is fast for it alone)
+    perturbed = jnp.log(p) + jax.random.gumbel(key, p.shape, jnp.float32)
     return jax.lax.top_k(perturbed, num_samples)[1].astype(jnp.int64)
+
+
+def _inverse_transform_samples(key, p, num_samples):
+    """Draws with replacement as PyTorch's CPU kernel makes them, a binary search of the running sum per draw:
+    jax.random.categorical's Gumbel maximum draws a number for every category of every sample (8 draws from
+    64 rows of 32000: 288 ms on XLA:CPU)."""
+    cumulative = running_sum(p, p.ndim - 1)
+    rows = cumulative.reshape(-1, p.shape[-1])
+    draws = jax.random.uniform(key, (rows.shape[0], num_samples), jnp.float32) * rows[:, -1:]
+    index = jax.vmap(lambda row, u: jnp.searchsorted(row, u, side="right"))(rows, draws)
+    # a draw rounded up to the total would fall past the end: it takes the last category that can be drawn
+    last = p.shape[-1] - 1 - jnp.argmax(jnp.flip(p.reshape(rows.shape) > 0, -1), axis=-1)
+    return jnp.minimum(index, last[:, None]).reshape(*p.shape[:-1], num_samples).astype(jnp.int64)
 
 
 @lower(aten.randint_like, random=True)

@@ -235,7 +235,8 @@ def _running(combine, jnp_fn):
     return running
 
 
-lower(aten.cumsum)(_scan(_running(jnp.add, jnp.cumsum)))
+running_sum = _running(jnp.add, jnp.cumsum)
+lower(aten.cumsum)(_scan(running_sum))
 lower(aten.cumprod)(_scan(_running(jnp.multiply, jnp.cumprod)))
 
 
