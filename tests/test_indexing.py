@@ -79,6 +79,35 @@ def test_arg_extremes_take_the_first_nan_or_the_first_tie(dtype, fn):
     for a, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected))):
         torch.testing.assert_close(a.cpu(), e, equal_nan=True)
 
+
+def _ties_nans_and_zeros(dtype):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (4, 300), generator=generator).float()
+    for value, share in ((NAN, 0.1), (-NAN, 0.05), (float("inf"), 0.05), (-0.0, 0.05)):
+        x[torch.rand(x.shape, generator=generator) < share] = value
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32])
+@pytest.mark.parametrize("descending", [False, True])
+def test_stable_sort_orders_nans_of_either_sign_ties_and_zeros_as_the_cpu(dtype, descending):
+    x = _ties_nans_and_zeros(dtype)
+    expected, actual = on_both(lambda t: torch.sort(t, stable=True, dim=1, descending=descending), x)
+    torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
+    assert_same(actual.indices, expected.indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("fn, dim", [(lambda t: t.kthvalue(7, 1, keepdim=True), 1), (lambda t: t.kthvalue(300, 1, True), 1),
+                                     (lambda t: t.median(1, True), 1), (lambda t: t.nanmedian(1, True), 1),
+                                     (lambda t: t.kthvalue(2, 0, keepdim=True), 0)])
+def test_order_statistics_pick_as_the_cpu_among_ties_and_nans(dtype, fn, dim):
+    """The CPU's kthvalue takes any of tied values' indices (quickselect): the index must hold the value."""
+    x = _ties_nans_and_zeros(dtype)
+    expected, actual = on_both(fn, x)
+    torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
+    torch.testing.assert_close(x.gather(dim, actual.indices.cpu()), expected.values, equal_nan=True)
+
 def test_segment_reduce_empty_segments_and_initial():
     data, lengths = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2])
     for reduce in ("max", "min", "sum", "mean", "prod"):
