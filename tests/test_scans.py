@@ -1,8 +1,11 @@
-"""Running sums and products along axes longer than the OpInfo samples reach (XLA:CPU runs them as log-depth scans)."""
+"""Running sums, products and extremes along axes longer than the OpInfo samples reach (XLA:CPU runs them as
+log-depth scans), and the extremes' indices where NaNs and ties are."""
 import pytest
 import torch
 
 from conftest import assert_same
+
+NAN = float("nan")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.int64])
@@ -35,3 +38,15 @@ def test_cumprod_along_a_long_axis(dtype):
     else:
         x = (1 + torch.randn(3, 150, dtype=torch.complex64 if dtype.is_complex else torch.float32) / 50).to(dtype)
     assert_same(torch.cumprod(x.to("neuron"), 1), torch.cumprod(x, 1))
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
+def test_running_extremes_take_the_index_of_each_nan_and_the_later_tie(op, dtype):
+    x = torch.tensor([[1.0, NAN, 3.0, NAN, 0.5, 0.5], [2.0, 1.0, 2.0, 3.0, 3.0, 1.0]] * 20)
+    x = x.nan_to_num(7.0).to(dtype) if not dtype.is_floating_point else x.to(dtype)
+    x = torch.cat([x, x.flip(1)] * 10, 1)  # a long axis: 120 positions
+    for dim in (0, 1):
+        expected, actual = op(x, dim), op(x.to("neuron"), dim)
+        torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
+        assert_same(actual.indices, expected.indices)
