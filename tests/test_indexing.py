@@ -108,6 +108,16 @@ def test_order_statistics_pick_as_the_cpu_among_ties_and_nans(dtype, fn, dim):
     torch.testing.assert_close(actual.values.cpu(), expected.values, equal_nan=True)
     torch.testing.assert_close(x.gather(dim, actual.indices.cpu()), expected.values, equal_nan=True)
 
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.nonzero(), lambda x: torch.nonzero_static(x, size=5000, fill_value=-7), lambda x: x[x > 0.5],
+    lambda x: torch.zeros_like(x).masked_scatter(x > 0, x.flip(0)), lambda x: torch.unique(x.round(decimals=1), return_inverse=True)])
+def test_running_count_ops_on_many_elements(fn):
+    x = torch.randn(60, 50, 40, generator=torch.Generator().manual_seed(0))
+    expected, actual = on_both(fn, x)
+    for a, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected))):
+        assert_same(a, e)
+
 def test_segment_reduce_empty_segments_and_initial():
     data, lengths = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2])
     for reduce in ("max", "min", "sum", "mean", "prod"):
