@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpt_step import PRODUCTS
+from bench.ops import cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +40,15 @@ def test_gpt_products_bench_times_every_product_on_both_sides():
             and not line.startswith("|---")]
     assert [r[0] for r in rows] == [name for name, *_ in PRODUCTS], out
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows), out
+
+
+def test_ops_bench_smoke_times_every_op_on_both_sides():
+    out = subprocess.run([sys.executable, "-m", "bench.ops", "--smoke"], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ") and "ms |" not in line
+            and not line.startswith("|---")]
+    assert [r[0] for r in rows] == list(cases(2, 4, 8)), out
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), out
 
 @pytest.mark.slow
 def test_attention_bench_smoke_runs_every_variant(tmp_path):
