@@ -235,19 +235,7 @@ META[aten.index_select.out] = checked_meta(_check_out_overlap, aten.index_select
 
 @lower(aten.nonzero, dynamic_shape=True)
 def nonzero(x):
-    if not x.ndim:
-        return jnp.zeros((int(x != 0), 0), jnp.int64)
-    return _nonzero_coordinates(x, int(jnp.count_nonzero(x)), -1)
-
-
-def _nonzero_coordinates(x, size, fill_value):
-    """The coordinates of x's nonzero elements in row-major order, `size` rows of them, filled with
-    `fill_value` past the last: jnp.nonzero's method, with the running sum XLA:CPU computes in log depth."""
-    flat = (x != 0).reshape(-1)
-    slots = jnp.where(flat, running_sum(flat.astype(jnp.int64), 0) - 1, size)
-    found = jnp.full((size,), -1, jnp.int64).at[slots].set(jnp.arange(flat.size, dtype=jnp.int64), mode="drop")
-    coordinates = jnp.stack(jnp.unravel_index(jnp.maximum(found, 0), x.shape), axis=1)
-    return jnp.where(found[:, None] >= 0, coordinates, fill_value).astype(jnp.int64)
+    return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)
 
 
 def _check_bincount(x, weights, minlength):
@@ -341,7 +329,7 @@ def masked_scatter_backward(grad, mask, sizes):
 def nonzero_static(x, *, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
-    return _nonzero_coordinates(x, size, fill_value)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)
 
 
 @lower(aten.repeat_interleave.Tensor, dynamic_shape=True)

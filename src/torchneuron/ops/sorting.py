@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .reductions import running_sum
 from .registry import checked_meta, lower
 
 aten = torch.ops.aten
@@ -164,7 +163,7 @@ def _unique_rows(rows, consecutive):
     order = jnp.arange(n) if consecutive else jnp.lexsort(_sort_keys(rows))
     rows = rows[order]
     new = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(rows[1:] != rows[:-1], axis=1)])
-    group = running_sum(new.astype(jnp.int64), 0) - 1
+    group = jnp.cumsum(new) - 1
     inverse = jnp.zeros((n,), jnp.int64).at[order].set(group)
     starts = jnp.nonzero(new)[0]
     counts = jnp.diff(jnp.append(starts, n))
