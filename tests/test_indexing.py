@@ -11,6 +11,11 @@ def on_both(fn, *tensors):
     return fn(*tensors), fn(*(t.to("neuron") for t in tensors))
 
 
+def _result_pairs(actual, expected):
+    """(neuron, CPU) for each result of an op that returns one tensor or a tuple of them."""
+    return zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected)))
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -76,7 +81,7 @@ def test_arg_extremes_take_the_first_nan_or_the_first_tie(dtype, fn):
     x = torch.tensor([[1.0, 3.0, NAN, 3.0, NAN], [2.0, -0.0, 0.0, 2.0, -inf], [inf, inf, 1.0, -inf, -inf],
                       [0.0, -0.0, 0.0, -0.0, 0.0]], dtype=dtype)
     expected, actual = on_both(fn, x)
-    for a, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected))):
+    for a, e in _result_pairs(actual, expected):
         torch.testing.assert_close(a.cpu(), e, equal_nan=True)
 
 
@@ -115,7 +120,7 @@ def test_order_statistics_pick_as_the_cpu_among_ties_and_nans(dtype, fn, dim):
 def test_running_count_ops_on_many_elements(fn):
     x = torch.randn(60, 50, 40, generator=torch.Generator().manual_seed(0))
     expected, actual = on_both(fn, x)
-    for a, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (actual, expected))):
+    for a, e in _result_pairs(actual, expected):
         assert_same(a, e)
 
 def test_segment_reduce_empty_segments_and_initial():

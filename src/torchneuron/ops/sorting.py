@@ -35,9 +35,13 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = dim % x.ndim
-    _, order = lax.top_k(jnp.moveaxis(_descending_keys(x, largest), axis, -1), k)
-    order = jnp.moveaxis(order, -1, axis)
+    order = _first_positions(x, axis, k, largest)
     return jnp.take_along_axis(x, order, axis=axis), order.astype(jnp.int64)
+
+
+def _first_positions(x, axis, count, largest):
+    """The positions along axis of x's `count` largest (or smallest) elements, in that order."""
+    return jnp.moveaxis(lax.top_k(jnp.moveaxis(_descending_keys(x, largest), axis, -1), count)[1], -1, axis)
 
 
 def _descending_keys(x, largest):
@@ -59,7 +63,7 @@ def _pick(x, dim, keepdim, position, count):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = dim % x.ndim
-    order = jnp.moveaxis(lax.top_k(jnp.moveaxis(_descending_keys(x, False), axis, -1), count)[1], -1, axis)
+    order = _first_positions(x, axis, count, False)
     position = jnp.expand_dims(jnp.broadcast_to(position, order.shape[:axis] + order.shape[axis + 1:]), axis)
     index = jnp.take_along_axis(order, position, axis=axis)
     value = jnp.take_along_axis(x, index, axis=axis)
