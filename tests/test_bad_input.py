@@ -467,3 +467,55 @@ def test_a_device_op_writing_a_cpu_scalar_raises(write):
     assert cpu_scalar.item() == 1.0
     assert x.add_(cpu_scalar).item() == 3.0  # as an input it is allowed
 
+
+
+def test_max_pool1d_refuses_integers_as_the_cpu_and_cuda_do():
+    x = torch.arange(12).reshape(1, 2, 6)
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        with pytest.raises(NotImplementedError) as cpu_error:
+            F.max_pool1d(x.to(dtype), 2)
+        with pytest.raises(NotImplementedError) as neuron_error:
+            F.max_pool1d(x.to(dtype).to("neuron"), 2)
+        assert str(neuron_error.value) == str(cpu_error.value)
+    # with indices, the CPU takes integers: so does neuron
+    values, indices = F.max_pool1d(x.to("neuron"), 2, return_indices=True)
+    expected = F.max_pool1d(x, 2, return_indices=True)
+    assert_same(values, expected[0])
+    assert_same(indices, expected[1])
+
+
+def test_dropout_backward_promotes_a_bool_grad_by_its_float_scale():
+    grad = torch.tensor([True, True, False, True])
+    mask = torch.tensor([False, True, True, True])
+    expected = torch.ops.aten.native_dropout_backward(grad, mask, 2.0)
+    assert expected.dtype == torch.float32 and expected.tolist() == [0.0, 2.0, 0.0, 2.0]
+    assert_same(torch.ops.aten.native_dropout_backward(grad.to("neuron"), mask.to("neuron"), 2.0), expected)
+
+
+def test_addbmm_inplace_resizes_a_bias_of_another_shape_as_the_cpu_does():
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
+    for bias in (torch.randn(1), torch.randn(())):
+        expected = bias.clone().addbmm_(a, b, beta=0.5)
+        on_neuron = bias.to("neuron")
+        result = on_neuron.addbmm_(a.to("neuron"), b.to("neuron"), beta=0.5)
+        assert result is on_neuron and on_neuron.shape == (2, 5)
+        assert_same(on_neuron, expected)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        torch.randn(2, device="neuron").add_(torch.randn(3, 2, device="neuron"))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_out_updates_the_running_statistics_and_writes_every_out(training):
+    def run(device):
+        torch.manual_seed(0)
+        x, weight, bias, mean, var = (t.to(device) for t in (torch.randn(4, 3, 5), *torch.rand(4, 3)))
+        results = []
+        for op in (torch.ops.aten.native_batch_norm.out, torch.ops.aten._native_batch_norm_legit.out):
+            outs = [torch.empty(0, device=device) for _ in range(3)]
+            op(x, weight, bias, mean, var, training, 0.3, 1e-5, out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+            results += outs + [mean.clone(), var.clone()]
+        return results
+
+    for got, expected in zip(run("neuron"), run("cpu")):
+        assert_same(got, expected)

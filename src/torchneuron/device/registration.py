@@ -43,7 +43,7 @@ def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memor
 # factories with neither a tensor argument nor a device-generic kernel: PyTorch calls the device's own kernel
 _TENSORLESS_FACTORIES = ("tril_indices", "triu_indices")
 # composite ops whose decomposition skips, for devices other than the CPU, checks the CPU makes
-_UNCHECKED_COMPOSITES = ("one_hot",)
+_UNCHECKED_COMPOSITES = ("one_hot", "max_pool1d")
 
 
 def _dispatched(op):

@@ -5,6 +5,7 @@ import warnings
 import torch
 from torch._prims_common import suggest_memory_format
 
+from ..ops import registry
 from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
@@ -268,20 +269,34 @@ def data_dependent(func, args, kwargs):
 
 
 def _data_dependent_out(func, args, kwargs):
-    """out= overloads: the functional result, then the out tensors resized to hold it."""
-    op = rule(func)
-    names = op.mutated
+    target = rule(func).target
+    return _out_of_functional(func, lambda *a, **k: data_dependent(target, a, k), args, kwargs)
+
+
+def _out_of_functional(func, functional, args, kwargs):
+    """An out= overload as `functional`'s results, then the out tensors resized to hold them."""
+    names = registry.out_arguments(func)
     outs = [kwargs[name] for name in names]
     inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
     for out in (o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)):
         if inputs and out.device != inputs[0].device:  # the copy into it would move the result silently
             raise devices_differ(inputs[0].device, out.device)
-    results = data_dependent(op.target, args, {k: v for k, v in kwargs.items() if k not in names})
+    results = functional(*args, **{k: v for k, v in kwargs.items() if k not in names})
     results = results if isinstance(results, (tuple, list)) else [results]
     out_dtypes.check(func, args, kwargs, [r.dtype for r in results])
     for out, value in zip(outs, results):
         torch._refs._maybe_resize_out(out, value.shape).copy_(value)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@handles(aten.native_batch_norm.out, aten._native_batch_norm_legit.out)
+def batch_norm_out(func, args, kwargs):
+    """Their out tensors are written from the functional overload's results: that overload updates the
+    running statistics, and saves the CPU's empty ones in eval mode (their own functional variant, by
+    signature, would be the overload without running statistics)."""
+    functional = aten.native_batch_norm.default if func is aten.native_batch_norm.out else \
+        aten._native_batch_norm_legit.default
+    return _out_of_functional(func, functional, args, kwargs)
 
 
 def _masks_to_indices(x, indices):
@@ -332,6 +347,16 @@ def one_hot(func, args, kwargs):
             raise RuntimeError("Can not infer total number of classes from empty tensor.")
         num_classes = int(x.max()) + 1  # as the CPU kernel does: the output's size is the data's
     return _computation(func)(func, (x, num_classes), {})
+
+
+@handles(aten.max_pool1d.default)
+def max_pool1d(func, args, kwargs):
+    """PyTorch's max_pool1d takes floating types only, on the CPU (its own kernel) as on CUDA (through
+    max_pool2d_with_indices); its decomposition reaches max_pool2d_with_indices, whose CPU kernel takes
+    integers too, so the CPU is asked first (not of fake tensors: torch.compile traces the decomposition)."""
+    if type(args[0]) is NeuronTensor:
+        cpu_dtypes.check_once_per_dtypes(func, args, kwargs)
+    return func.decompose(*args, **kwargs)
 
 
 @handles(aten.index.Tensor)

@@ -16,7 +16,7 @@ from . import fallback
 
 def outs(func, kwargs) -> list:
     """The out= tensors, in the order the functional variant returns their values."""
-    return [o for name in registry.mutated_arguments(func) for o in _tensors(kwargs[name])]
+    return [o for name in registry.out_arguments(func) for o in _tensors(kwargs[name])]
 
 
 def check(func, args, kwargs, result_dtypes) -> None:
@@ -36,7 +36,7 @@ def check(func, args, kwargs, result_dtypes) -> None:
 
 def check_with_meta(func, target, args, kwargs) -> None:
     """`check`, the result dtypes from the functional variant's meta kernel (meta tensor arguments)."""
-    names = set(registry.mutated_arguments(func))
+    names = set(registry.out_arguments(func))
     try:
         results = registry.META.get(target, target)(*args, **{k: v for k, v in kwargs.items() if k not in names})
     except Exception:

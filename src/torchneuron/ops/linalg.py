@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import torch
 
 from .promotion import cast, opmath, promote
-from .registry import lower
+from .registry import META, lower
 from .rules import MissingLowering
 
 aten = torch.ops.aten
@@ -69,6 +69,18 @@ def addmm(x, a, b, *, beta=1, alpha=1):
 @lower(aten.addbmm)
 def addbmm(x, a, b, *, beta=1, alpha=1):
     return _scaled_sum(x, jnp.sum(_product(a, b), axis=0), beta, alpha, a.dtype)
+
+
+def _addbmm_inplace_meta(x, a, b, *, beta=1, alpha=1):
+    """PyTorch's CPU and CUDA addbmm_ is addbmm's out= kernel writing `self`, which resizes a `self` of another
+    shape (a 0-dim or one-element bias) to the result's; the meta kernel, a decomposition, refuses it."""
+    shape = aten.addbmm.default(x, a, b, beta=beta, alpha=alpha).shape
+    if x.shape != shape:
+        return x.resize_(shape)
+    return aten.addbmm_.default(x, a, b, beta=beta, alpha=alpha)
+
+
+META[aten.addbmm_.default] = _addbmm_inplace_meta
 
 
 @lower(aten.addr)

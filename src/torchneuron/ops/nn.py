@@ -11,7 +11,7 @@ from ..runtime.dtypes import to_torch
 from . import checks
 from .rules import vjp
 from .pooling import per_dim, window_slice
-from .promotion import cast, opmath, scalar_type_name
+from .promotion import cast, elementwise, opmath, scalar_type_name
 from .registry import META, checked_meta, lower, meta_like_input
 
 aten = torch.ops.aten
@@ -434,7 +434,12 @@ def native_dropout(key, x, p, train):
 
 @lower(aten.native_dropout_backward)
 def native_dropout_backward(grad, mask, scale):
-    return grad * mask.astype(grad.dtype) * cast(scale, grad.dtype)
+    # PyTorch's kernel, grad * (mask.type_as(grad) * scale), promotes as written: the float scale takes a bool
+    # or integer grad to the default float dtype before the product
+    return _multiply(grad, _multiply(mask.astype(grad.dtype), scale))
+
+
+_multiply = elementwise(jnp.multiply)
 
 
 @lower(aten.mse_loss)

@@ -123,7 +123,12 @@ def is_mutating(op) -> bool:
 
 def is_out(op) -> bool:
     """out= overloads write to keyword-only arguments; in-place ones to `self`."""
-    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    return bool(out_arguments(op))
+
+
+def out_arguments(op) -> list:
+    """The names of the keyword-only arguments `op` writes (its out= tensors), in schema order."""
+    return [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
 def mutated_arguments(op) -> list:
@@ -153,8 +158,9 @@ def functional_variant(op):
     if op in _FUNCTIONAL:
         return _FUNCTIONAL[op]
     out = is_out(op)
-    mutated = set(mutated_arguments(op))
-    wanted = _signature_without(op, mutated if out else set())
+    # an out= overload that also updates positional arguments (running statistics) has no functional variant
+    # by signature: the overload without those arguments computes something else
+    wanted = _signature_without(op, set(out_arguments(op)))
     name = op._schema.name.split("::")[1]
     if out:
         candidates = [name]
