@@ -4,10 +4,11 @@
     python -m bench.ops --smoke    # tiny sizes, one repeat: checks that every op runs
 
 The ops whose lowering chooses a formulation for speed (order statistics, running sums and extremes,
-arg-extremes, sampling, counting, GELU): each row is the fastest of a few calls, in ms. Run it on an
+arg-extremes, sampling, counting, GELU) and the data-dependent ones: each row is the fastest of a few calls, in ms. Run it on an
 otherwise idle machine.
 """
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ def cases(rows: int, columns: int, vocab: int) -> dict:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, columns, generator=generator)
     probabilities = torch.softmax(torch.randn(64, vocab, generator=generator), -1)
+    thresholds = itertools.count(1.0, 0.001)
     return {
         "sort along rows": (lambda t: t.sort(1), x),
         "topk k=8 along rows": (lambda t: t.topk(8, 1), x),
@@ -38,6 +40,11 @@ def cases(rows: int, columns: int, vocab: int) -> dict:
         "multinomial, 8 draws with replacement": (lambda t: torch.multinomial(t, 8, replacement=True), probabilities),
         "nonzero": (lambda t: (t > 1).nonzero(), x),
         "masked_select": (lambda t: t[t > 1], x),
+        # a mask of another count at every call, as in a training loop (the same mask again is the rows above)
+        "nonzero, a new count each call": (lambda t: (t > next(thresholds)).nonzero(), x),
+        "boolean index, a new count each call": (lambda t: t[t > next(thresholds)], x),
+        "boolean index_put of 0, a new count each call": (lambda t: t.clone().index_put_(
+            (t > next(thresholds),), torch.tensor(0.0, device=t.device)), x),
         "gelu": (F.gelu, x),
     }
 

@@ -168,3 +168,41 @@ def test_normal_and_linspace_out_forms_run_on_neuron():
         spaced = torch.empty(5, device="neuron")
         torch.linspace(torch.tensor(1.0, device="neuron"), torch.tensor(3.0, device="neuron"), 5, out=spaced)
     assert_same(spaced, torch.linspace(1.0, 3.0, 5))
+
+
+# name -> (op of a tensor of 4096 elements and a mask, the mask's length)
+_DATA_DEPENDENT = {
+    "nonzero": (lambda x, mask: mask.nonzero(), 4096),
+    "masked_select": (torch.masked_select, 4096),
+    "boolean index": (lambda x, mask: x[mask], 4096),
+    "boolean index of rows": (lambda x, mask: x.reshape(1024, 4)[mask], 1024),
+    "boolean index_put": (lambda x, mask: x.clone().index_put_((mask,), torch.tensor(0.0, device=x.device)), 4096),
+}
+
+
+@pytest.mark.parametrize("fn, length", _DATA_DEPENDENT.values(), ids=_DATA_DEPENDENT.keys())
+def test_data_dependent_results_compile_per_input_shape_not_per_length(fn, length):
+    """Their lengths change with the data at every call: XLA compiles nothing for a new length (results are
+    computed at the input's size and cut to a power of two of rows, here half the mask's length)."""
+    import jax
+
+    torch.manual_seed(0)
+    x = torch.randn(4096)
+    masks = [torch.randperm(length) < int(length * share) for share in (0.27, 0.37, 0.44, 0.4998)]
+    expected = [fn(x, mask) for mask in masks]
+    on_neuron = x.to("neuron")
+    results = [fn(on_neuron, masks[0].to("neuron"))]  # compiles (and cuts to half)
+    compiles = []
+
+    def count(name, *args, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        results += [fn(on_neuron, mask.to("neuron")) for mask in masks[1:]]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert compiles == []
+    for got, want in zip(results, expected):
+        assert_same(got, want)

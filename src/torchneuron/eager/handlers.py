@@ -3,9 +3,12 @@ import math
 import warnings
 
 import torch
+from jax import lax
 from torch._prims_common import suggest_memory_format
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..ops import registry
+from ..ops.indexing import masked_rows
 from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, transfer
@@ -239,11 +242,29 @@ def _value(tensor: NeuronTensor):
 
 
 def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:
-    """`carried_complex`: the dtype a complex64 array stands for (complex32 is carried as complex64)."""
+    """`carried_complex`: the dtype a complex64 array stands for (complex32 is carried as complex64). A
+    registry.Prefix becomes a tensor of its rows over a buffer of at most twice their size."""
+    if isinstance(array, registry.Prefix):
+        array, shape = _rows_kept(array), (array.length, *array.row_shape)
+    else:
+        shape = array.shape
     dtype = to_torch(array.dtype)
     if dtype == torch.complex64:
         dtype = carried_complex
-    return wrap_buffer(convert_to(array, dtype).reshape(-1), array.shape, dtype, device_index)
+    return wrap_buffer(convert_to(array, dtype).reshape(-1), shape, dtype, device_index)
+
+
+def _rows_kept(prefix):
+    """The prefix's padded buffer cut to a power of two of rows: one slicing program per such size (a few
+    per padded size), not one per length."""
+    padded, length, row_shape = prefix
+    row = math.prod(row_shape)
+    kept = min(1 << (length - 1).bit_length() if length else 0, padded.shape[0] // row if row else 0)
+    return padded if kept * row == padded.shape[0] else lax.slice(padded, (0,), (kept * row,))
+
+
+def _is_result(value) -> bool:
+    return hasattr(value, "dtype") or isinstance(value, registry.Prefix)
 
 
 def _carried_complex(tensors) -> torch.dtype:
@@ -259,13 +280,17 @@ def data_dependent(func, args, kwargs):
     if is_out(func):
         return _data_dependent_out(func, args, kwargs)
     cpu_dtypes.check_once_per_dtypes(func, args, kwargs)
-    from torch.utils._pytree import tree_map
+    return _on_values(LOWERINGS[func], args, kwargs)
 
-    tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
+
+def _on_values(fn, args, kwargs):
+    """`fn` of the tensors' values as concrete arrays, its results as tensors."""
+    tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
     device_index, carried_complex = tensors[0].device.index, _carried_complex(tensors)
     concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
-    out = LOWERINGS[func](*concrete[0], **concrete[1])
-    return tree_map(lambda a: from_array(a, device_index, carried_complex) if hasattr(a, "dtype") else a, out)
+    out = fn(*concrete[0], **concrete[1])
+    return tree_map(lambda a: from_array(a, device_index, carried_complex) if _is_result(a) else a, out,
+                    is_leaf=_is_result)
 
 
 def _data_dependent_out(func, args, kwargs):
@@ -277,8 +302,8 @@ def _out_of_functional(func, functional, args, kwargs):
     """An out= overload as `functional`'s results, then the out tensors resized to hold them."""
     names = registry.out_arguments(func)
     outs = [kwargs[name] for name in names]
-    inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-    for out in (o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)):
+    inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+    for out in (o for o in tree_leaves(outs) if isinstance(o, torch.Tensor)):
         if inputs and out.device != inputs[0].device:  # the copy into it would move the result silently
             raise devices_differ(inputs[0].device, out.device)
     results = functional(*args, **{k: v for k, v in kwargs.items() if k not in names})
@@ -332,6 +357,12 @@ def _indices_on_device(x, indices):
     ]
 
 
+def _is_leading_mask(x, indices) -> bool:
+    """x[mask] for one boolean mask of x's leading dimensions."""
+    return (type(x) is NeuronTensor and len(indices) == 1 and isinstance(indices[0], NeuronTensor)
+            and indices[0].dtype == torch.bool and indices[0].dim() <= x.dim())
+
+
 def _has_mask(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
@@ -363,6 +394,11 @@ def max_pool1d(func, args, kwargs):
 def index(func, args, kwargs):
     x, indices = args
     indices = _indices_on_device(x, indices)
+    if _is_leading_mask(x, indices):
+        # the rows the mask picks, computed at the mask's size: its nonzeros as indices would make the
+        # gather's program one per number of them
+        _check_mask_shape(x, indices[0], 0)
+        return _on_values(masked_rows, (x, indices[0]), {})
     if _has_mask(indices):
         indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices), kwargs)
@@ -378,6 +414,15 @@ def index_put(func, args, kwargs):
             f"destination and {scalar_type_name(values.dtype)} for the source."
         )
     indices = _indices_on_device(x, indices)
+    accumulate = rest[1] if len(rest) > 1 else kwargs.get("accumulate", False)
+    if _is_leading_mask(x, indices) and values.dim() == 0 and not accumulate:
+        # x[mask] = value: a masked fill at the mask's size (the mask's nonzeros as indices would make the
+        # program one per number of them)
+        mask = indices[0]
+        _check_mask_shape(x, mask, 0)
+        mask = mask.reshape(*mask.shape, *(1,) * (x.dim() - mask.dim()))
+        fill = aten.masked_fill.Tensor if func is aten.index_put.default else aten.masked_fill_.Tensor
+        return fill(x, mask, values)
     if _has_mask(indices):
         indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices, *rest), kwargs)

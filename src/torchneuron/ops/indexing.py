@@ -1,6 +1,7 @@
 """Indexing, gather/scatter, masked ops."""
 import math
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -8,7 +9,7 @@ from . import checks
 from ..runtime.dtypes import to_torch
 from .promotion import cast, scalar_type_name
 from .reductions import running_sum
-from .registry import META, checked_meta, lower
+from .registry import META, Prefix, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -235,7 +236,40 @@ META[aten.index_select.out] = checked_meta(_check_out_overlap, aten.index_select
 
 @lower(aten.nonzero, dynamic_shape=True)
 def nonzero(x):
-    return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else jnp.zeros((int(x != 0), 0), jnp.int64)
+    if not x.ndim:
+        return jnp.zeros((int(x != 0), 0), jnp.int64)
+    coordinates, count = _padded_nonzero(x)
+    return Prefix(coordinates, int(count), (x.ndim,))
+
+
+@jax.jit
+def _padded_nonzero(x):
+    positions, count = _true_positions((x != 0).reshape(-1))
+    return jnp.stack(jnp.unravel_index(positions, x.shape), axis=1).reshape(-1), count
+
+
+def _true_positions(flat_mask):
+    """Where a flat mask is true, in order, padded with zeros to the mask's length; and how many there are."""
+    counts = running_sum(flat_mask.astype(jnp.int64), 0)
+    slots = jnp.where(flat_mask, counts - 1, flat_mask.size)  # past the end: dropped
+    everywhere = jnp.arange(flat_mask.size, dtype=jnp.int64)
+    count = counts[-1] if flat_mask.size else jnp.int64(0)
+    return jnp.zeros(flat_mask.size, jnp.int64).at[slots].set(everywhere, mode="drop"), count
+
+
+def masked_rows(x, mask):
+    """x[mask] for a boolean mask of x's leading dimensions: the rows (the elements past the mask's
+    dimensions) where it is true, in row-major order."""
+    if mask.size == 0:
+        return jnp.zeros((0,) + x.shape[mask.ndim:], x.dtype)
+    rows, count = _padded_masked_rows(x, mask)
+    return Prefix(rows, int(count), x.shape[mask.ndim:])
+
+
+@jax.jit
+def _padded_masked_rows(x, mask):
+    positions, count = _true_positions(mask.reshape(-1))
+    return x.reshape((mask.size, math.prod(x.shape[mask.ndim:])))[positions].reshape(-1), count
 
 
 def _check_bincount(x, weights, minlength):
@@ -266,8 +300,13 @@ def bincount(x, weights=None, minlength=0):
 
 @lower(aten.masked_select, dynamic_shape=True)
 def masked_select(x, mask):
-    x, mask = jnp.broadcast_arrays(x, mask)
-    return x[mask]
+    torch._C._infer_size(torch.Size(mask.shape), torch.Size(x.shape))  # the CPU's error where they do not broadcast
+    return masked_rows(*_flat_broadcast(x, mask))
+
+
+@jax.jit
+def _flat_broadcast(*arrays):
+    return [a.reshape(-1) for a in jnp.broadcast_arrays(*arrays)]
 
 
 _OUT_OF_RANGE = "out of range: tried to access index {{}} on a tensor of {} elements."

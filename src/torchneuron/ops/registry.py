@@ -5,6 +5,8 @@ the op's *functional* overload; in-place and out= overloads are derived from
 it by the dispatcher. Ops with no lowering are tried through PyTorch's own
 decompositions (traced into the same JAX program) before falling back.
 """
+from typing import NamedTuple
+
 import torch
 
 LOWERINGS: dict = {}
@@ -17,6 +19,16 @@ META: dict = {}
 CHECKED_OUTPUTS: set = set()
 # ops torchneuron.library.force_cpu sends to the CPU fallback
 CPU_FORCED: set = set()
+
+
+class Prefix(NamedTuple):
+    """What a `dynamic_shape` lowering may return in place of an array: the first `length` rows of `padded`,
+    whose rows have `row_shape`, flat. Computed at a size fixed by the input, a data-dependent result is one
+    program per input signature; cut to its length exactly, it would be one per length (XLA's shapes are
+    static), and the length changes with the data at every call."""
+    padded: object
+    length: int
+    row_shape: tuple = ()
 
 
 def _overloads(op):
@@ -33,7 +45,7 @@ def lower(*ops, random: bool = False, static_scalars: bool = False, dynamic_shap
     Float arguments arrive as traced scalars (so new values do not recompile) unless
     `static_scalars` asks for Python numbers, for lowerings that shape their output by them.
     `dynamic_shape` lowerings (nonzero, masked_select...) have data-dependent output shapes:
-    eager runs them on concrete arrays, outside any compiled program.
+    eager runs them on concrete arrays, outside any compiled program, and they may return a `Prefix`.
     `meta` replaces PyTorch's meta kernel where that one rejects inputs the CPU kernel accepts.
     """
 
