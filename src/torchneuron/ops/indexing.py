@@ -244,11 +244,11 @@ def nonzero(x):
 
 @jax.jit
 def _padded_nonzero(x):
-    positions, count = _true_positions((x != 0).reshape(-1))
+    positions, count = true_positions((x != 0).reshape(-1))
     return jnp.stack(jnp.unravel_index(positions, x.shape), axis=1).reshape(-1), count
 
 
-def _true_positions(flat_mask):
+def true_positions(flat_mask):
     """Where a flat mask is true, in order, padded with zeros to the mask's length; and how many there are."""
     counts = running_sum(flat_mask.astype(jnp.int64), 0)
     slots = jnp.where(flat_mask, counts - 1, flat_mask.size)  # past the end: dropped
@@ -268,7 +268,7 @@ def masked_rows(x, mask):
 
 @jax.jit
 def _padded_masked_rows(x, mask):
-    positions, count = _true_positions(mask.reshape(-1))
+    positions, count = true_positions(mask.reshape(-1))
     return x.reshape((mask.size, math.prod(x.shape[mask.ndim:])))[positions].reshape(-1), count
 
 

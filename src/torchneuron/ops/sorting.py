@@ -1,12 +1,15 @@
 """Sorting and what builds on it (order statistics, searches, unique) with PyTorch's NaN order."""
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import checked_meta, lower
+from .indexing import true_positions
+from .reductions import running_sum
+from .registry import Prefix, checked_meta, lower
 
 aten = torch.ops.aten
 
@@ -161,17 +164,18 @@ def bucketize(values, boundaries, *, out_int32=False, right=False):
     return searchsorted(boundaries, values, out_int32=out_int32, right=right)
 
 
-def _unique_rows(rows, consecutive):
-    """Unique rows of a 2-d array (sorted unless `consecutive`): the values, the inverse and the counts."""
+@functools.partial(jax.jit, static_argnames="consecutive")
+def _padded_unique_rows(rows, consecutive):
+    """Unique rows of a 2-d array (sorted unless `consecutive`) at the array's own size: the unique rows and
+    their counts, padded to the number of rows, the inverse, and how many are unique."""
     n = rows.shape[0]
-    order = jnp.arange(n) if consecutive else jnp.lexsort(_sort_keys(rows))
+    order = jnp.arange(n) if consecutive or not rows.shape[1] else jnp.lexsort(_sort_keys(rows))
     rows = rows[order]
     new = jnp.concatenate([jnp.ones((min(n, 1),), bool), jnp.any(rows[1:] != rows[:-1], axis=1)])
-    group = jnp.cumsum(new) - 1
-    inverse = jnp.zeros((n,), jnp.int64).at[order].set(group)
-    starts = jnp.nonzero(new)[0]
-    counts = jnp.diff(jnp.append(starts, n))
-    return rows[new], inverse, counts.astype(jnp.int64)
+    starts, count = true_positions(new)
+    inverse = jnp.zeros((n,), jnp.int64).at[order].set(running_sum(new.astype(jnp.int64), 0) - 1)
+    ends = jnp.where(jnp.arange(1, n + 1) < count, jnp.roll(starts, -1), n)
+    return rows[starts], inverse, ends - starts, count
 
 
 def _sort_keys(rows):
@@ -180,17 +184,30 @@ def _sort_keys(rows):
     return tuple(keys[:, i] for i in reversed(range(rows.shape[1])))
 
 
+def _check_unique_of_empty(shape, axis):
+    """The CPU kernel's checks of unique slices along `axis` of an empty tensor, with its messages."""
+    if shape[axis] != 0:
+        raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+    if shape.count(0) > 1:
+        raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
+
+
 def _unique(x, dim, return_inverse, return_counts, consecutive):
     empty = jnp.zeros((0,), jnp.int64)
-    if dim is None:
-        values, inverse, counts = _unique_rows(x.reshape(-1, 1), consecutive)
-        values, inverse = values.reshape(-1), inverse.reshape(x.shape)
-    else:
-        axis = dim % max(x.ndim, 1)
-        moved = jnp.moveaxis(x, axis, 0)
-        values, inverse, counts = _unique_rows(moved.reshape(moved.shape[0], -1), consecutive)
-        values = jnp.moveaxis(values.reshape((-1,) + moved.shape[1:]), 0, axis)
-    return values, inverse if return_inverse else empty, counts if return_counts else empty
+    axis = None if dim is None else dim % max(x.ndim, 1)
+    if axis is not None and x.size == 0:
+        _check_unique_of_empty(x.shape, axis)
+    moved = x.reshape(-1, 1) if axis is None else jnp.moveaxis(x, axis, 0)
+    rows, inverse, counts, count = _padded_unique_rows(moved.reshape(moved.shape[0], math.prod(moved.shape[1:])),
+                                                         consecutive)
+    count = int(count)
+    if axis is None:
+        values, inverse = Prefix(rows.reshape(-1), count), inverse.reshape(x.shape)
+    elif axis == 0:
+        values = Prefix(rows.reshape(-1), count, moved.shape[1:])
+    else:  # the unique slices along another dimension: cut to their number (a program per number)
+        values = jnp.moveaxis(rows[:count].reshape((count,) + moved.shape[1:]), 0, axis)
+    return values, inverse if return_inverse else empty, Prefix(counts, count) if return_counts else empty
 
 
 @lower(aten._unique2, dynamic_shape=True)
