@@ -259,7 +259,7 @@ def _rows_kept(prefix):
     per padded size), not one per length."""
     padded, length, row_shape = prefix
     row = math.prod(row_shape)
-    kept = min(1 << (length - 1).bit_length() if length else 0, padded.shape[0] // row if row else 0)
+    kept = min(registry.rows_kept(length), padded.shape[0] // row if row else 0)
     return padded if kept * row == padded.shape[0] else lax.slice(padded, (0,), (kept * row,))
 
 

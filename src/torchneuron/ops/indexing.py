@@ -1,4 +1,5 @@
 """Indexing, gather/scatter, masked ops."""
+import functools
 import math
 
 import jax
@@ -9,7 +10,7 @@ from . import checks
 from ..runtime.dtypes import to_torch
 from .promotion import cast, scalar_type_name
 from .reductions import running_sum
-from .registry import META, Prefix, checked_meta, lower
+from .registry import META, Prefix, checked_meta, lower, rows_kept
 
 aten = torch.ops.aten
 
@@ -375,4 +376,13 @@ def nonzero_static(x, *, size, fill_value=-1):
 def repeat_interleave(repeats, *, output_size=None):
     if repeats.size and int(jnp.min(repeats)) < 0:
         raise RuntimeError("repeats can not be negative")
-    return jnp.repeat(jnp.arange(repeats.size, dtype=jnp.int64), repeats.reshape(-1), total_repeat_length=output_size)
+    if output_size is not None:
+        return _repeated_positions(repeats.reshape(-1), output_size)
+    # computed at a power of two of the total: one program per such size, not per total
+    total = int(jnp.sum(repeats))
+    return Prefix(_repeated_positions(repeats.reshape(-1), rows_kept(total)), total)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeated_positions(repeats, length):
+    return jnp.repeat(jnp.arange(repeats.size, dtype=jnp.int64), repeats, total_repeat_length=length)

@@ -31,6 +31,12 @@ class Prefix(NamedTuple):
     row_shape: tuple = ()
 
 
+def rows_kept(length: int) -> int:
+    """The rows a Prefix of `length` rows keeps: a power of two (at most twice the result, and a few
+    sizes of program for all lengths)."""
+    return 1 << (length - 1).bit_length() if length else 0
+
+
 def _overloads(op):
     if isinstance(op, torch._ops.OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
