@@ -45,7 +45,7 @@ def cases(rows: int, columns: int, vocab: int) -> dict:
         "boolean index, a new count each call": (lambda t: t[t > next(thresholds)], x),
         "boolean index_put of 0, a new count each call": (lambda t: t.clone().index_put_(
             (t > next(thresholds),), torch.tensor(0.0, device=t.device)), x),
-        "repeat_interleave, a new total each call": (lambda t: torch.repeat_interleave((t > next(thresholds)).long()), x),
+        "repeat_interleave, a new total each call": (lambda t: torch.repeat_interleave((t[0] > next(thresholds)).long()), x),
         "unique, a new count each call": (lambda t: torch.unique(torch.where(t > next(thresholds), t, 0)), x),
         "gelu": (F.gelu, x),
     }

@@ -1,6 +1,7 @@
 """No silent wrong answers: results keep the CPU's dtype whatever ran before, and input the CPU rejects
 raises the CPU's exception type on neuron (value checks at the next synchronisation, as on CUDA)."""
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -519,3 +520,17 @@ def test_batch_norm_out_updates_the_running_statistics_and_writes_every_out(trai
 
     for got, expected in zip(run("neuron"), run("cpu")):
         assert_same(got, expected)
+
+
+def test_repeat_interleave_of_a_repeats_tensor_checks_and_keeps_its_dtype_as_the_cpu():
+    for repeats in (torch.ones(2, 2, dtype=torch.long), torch.tensor(3), torch.ones(2), torch.ones(3, dtype=torch.int16),
+                    torch.tensor([2, -1])):
+        with pytest.raises(Exception) as cpu_error:
+            torch.repeat_interleave(repeats)
+        with pytest.raises(type(cpu_error.value), match=re.escape(str(cpu_error.value))):
+            torch.repeat_interleave(repeats.to("neuron"))
+    for dtype in (torch.int32, torch.int64):
+        repeats = torch.tensor([2, 0, 3], dtype=dtype)
+        assert_same(torch.repeat_interleave(repeats.to("neuron")), torch.repeat_interleave(repeats))
+        assert_same(torch.repeat_interleave(repeats.to("neuron"), output_size=5),
+                    torch.repeat_interleave(repeats, output_size=5))

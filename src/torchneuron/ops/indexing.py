@@ -374,15 +374,20 @@ def nonzero_static(x, *, size, fill_value=-1):
 
 @lower(aten.repeat_interleave.Tensor, dynamic_shape=True)
 def repeat_interleave(repeats, *, output_size=None):
+    """The positions of `repeats`, each repeated as often as it says, in its dtype (the CPU's checks)."""
+    if repeats.ndim != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (jnp.int32, jnp.int64):
+        raise NotImplementedError(f'"repeat_interleave_cpu" not implemented for \'{scalar_type_name(to_torch(repeats.dtype))}\'')
     if repeats.size and int(jnp.min(repeats)) < 0:
         raise RuntimeError("repeats can not be negative")
     if output_size is not None:
-        return _repeated_positions(repeats.reshape(-1), output_size)
+        return _repeated_positions(repeats, output_size)
     # computed at a power of two of the total: one program per such size, not per total
     total = int(jnp.sum(repeats))
-    return Prefix(_repeated_positions(repeats.reshape(-1), rows_kept(total)), total)
+    return Prefix(_repeated_positions(repeats, rows_kept(total)), total)
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _repeated_positions(repeats, length):
-    return jnp.repeat(jnp.arange(repeats.size, dtype=jnp.int64), repeats, total_repeat_length=length)
+    return jnp.repeat(jnp.arange(repeats.size, dtype=repeats.dtype), repeats, total_repeat_length=length)
