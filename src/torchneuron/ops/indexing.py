@@ -246,16 +246,20 @@ def nonzero(x):
 @jax.jit
 def _padded_nonzero(x):
     positions, count = true_positions((x != 0).reshape(-1))
-    return jnp.stack(jnp.unravel_index(positions, x.shape), axis=1).reshape(-1), count
+    return jnp.stack(jnp.unravel_index(positions, x.shape), axis=1).astype(jnp.int64).reshape(-1), count
 
 
 def true_positions(flat_mask):
-    """Where a flat mask is true, in order, padded with zeros to the mask's length; and how many there are."""
-    counts = running_sum(flat_mask.astype(jnp.int64), 0)
-    slots = jnp.where(flat_mask, counts - 1, flat_mask.size)  # past the end: dropped
-    everywhere = jnp.arange(flat_mask.size, dtype=jnp.int64)
-    count = counts[-1] if flat_mask.size else jnp.int64(0)
-    return jnp.zeros(flat_mask.size, jnp.int64).at[slots].set(everywhere, mode="drop"), count
+    """Where a flat mask is true, in order, padded with zeros to the mask's length; and how many there are.
+    In int32 where the positions fit: XLA:CPU's scatter of int32 at unique indices takes about half the time
+    (1M elements: 5-7 ms against 8-21)."""
+    size = flat_mask.size
+    index = jnp.int32 if 2 * size < 2**31 else jnp.int64
+    everywhere = jnp.arange(size, dtype=index)
+    counts = running_sum(flat_mask.astype(index), 0)
+    slots = jnp.where(flat_mask, counts - 1, size + everywhere)  # past the end, each its own: dropped
+    positions = jnp.zeros(size, index).at[slots].set(everywhere, mode="drop", unique_indices=True)
+    return positions, counts[-1].astype(jnp.int64) if size else jnp.int64(0)
 
 
 def masked_rows(x, mask):

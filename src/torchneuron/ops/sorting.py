@@ -175,7 +175,7 @@ def _padded_unique_rows(rows, consecutive):
     starts, count = true_positions(new)
     inverse = jnp.zeros((n,), jnp.int64).at[order].set(running_sum(new.astype(jnp.int64), 0) - 1)
     ends = jnp.where(jnp.arange(1, n + 1) < count, jnp.roll(starts, -1), n)
-    return rows[starts], inverse, ends - starts, count
+    return rows[starts], inverse, (ends - starts).astype(jnp.int64), count
 
 
 def _sort_keys(rows):
