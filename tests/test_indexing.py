@@ -178,6 +178,7 @@ _DATA_DEPENDENT = {
     "boolean index of rows": (lambda x, mask: x.reshape(1024, 4)[mask], 1024),
     "boolean index_put": (lambda x, mask: x.clone().index_put_((mask,), torch.tensor(0.0, device=x.device)), 4096),
     "repeat_interleave": (lambda x, mask: torch.repeat_interleave(mask.long()), 4096),
+    "bincount": (lambda x, mask: torch.bincount(mask.long().cumsum(0)), 4096),
     "unique": (lambda x, mask: torch.unique(torch.where(mask, torch.arange(4096, device=x.device), 0),
                                             return_inverse=True, return_counts=True), 4096),
 }

@@ -296,11 +296,17 @@ def bincount(x, weights=None, minlength=0):
     if x.size == 0:
         # the CPU kernel returns long zeros for an empty input, weights or not
         return jnp.zeros(minlength, jnp.int64)
+    # counted into a power of two of bins: one program per such size, not per largest value
     length = max(int(jnp.max(x)) + 1, minlength)
+    return Prefix(_bin_counts(x, weights, rows_kept(length)), length)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _bin_counts(x, weights, bins):
     if weights is None:
-        return jnp.zeros(length, jnp.int64).at[x].add(1)
+        return jnp.zeros(bins, jnp.int64).at[x].add(1)
     dtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64
-    return jnp.zeros(length, dtype).at[x].add(weights.astype(dtype))
+    return jnp.zeros(bins, dtype).at[x].add(weights.astype(dtype))
 
 
 @lower(aten.masked_select, dynamic_shape=True)
