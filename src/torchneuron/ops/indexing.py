@@ -246,7 +246,12 @@ def nonzero(x):
 @jax.jit
 def _padded_nonzero(x):
     positions, count = true_positions((x != 0).reshape(-1))
-    return jnp.stack(jnp.unravel_index(positions, x.shape), axis=1).astype(jnp.int64).reshape(-1), count
+    return _coordinates(positions, x.shape).reshape(-1), count
+
+
+def _coordinates(positions, shape):
+    """The row-major flat positions as one row of int64 coordinates each."""
+    return jnp.stack(jnp.unravel_index(positions, shape), axis=1).astype(jnp.int64)
 
 
 def true_positions(flat_mask):
@@ -379,7 +384,9 @@ def masked_scatter_backward(grad, mask, sizes):
 def nonzero_static(x, *, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
-    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)
+    positions, count = true_positions((x != 0).reshape(-1))
+    positions = jnp.pad(positions[:size], (0, max(size - x.size, 0)))  # as many rows as asked for
+    return jnp.where((jnp.arange(size) < count)[:, None], _coordinates(positions, x.shape), fill_value)
 
 
 @lower(aten.repeat_interleave.Tensor, dynamic_shape=True)
