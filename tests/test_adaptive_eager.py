@@ -234,6 +234,8 @@ import json, sys, torch
 from torch.nn.modules import module
 from torch.optim import optimizer
 
+dynamo_at_import = "torch._dynamo" in sys.modules
+
 def hooks():
     return {"module": len(module._global_forward_hooks) + len(module._global_forward_pre_hooks),
             "optimizer": len(optimizer._global_optimizer_post_hooks)}
@@ -245,15 +247,16 @@ cpu_only_after_a_step = hooks()
 x = torch.ones(4, device="neuron")
 for _ in range(2):
     y = x * 2  # the second run is queued
-print(json.dumps({"enabled": torch.neuron.is_adaptive_eager_enabled(), "cpu_only": cpu_only,
+print(json.dumps({"enabled": torch.neuron.is_adaptive_eager_enabled(), "dynamo_at_import": dynamo_at_import, "cpu_only": cpu_only,
                   "cpu_only_after_a_step": cpu_only_after_a_step, "queued": hooks(), "y": y.tolist()}))
 """
 
 
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_on_by_default_and_hooks_only_once_ops_queue(setting):
-    """On unless TORCHNEURON_ADAPTIVE_EAGER=0; `import torch` alone (which loads torchneuron) adds no hook, so
-    a CPU-only program is untouched; the optimizer-step boundary is hooked when the first op queues."""
+    """On unless TORCHNEURON_ADAPTIVE_EAGER=0; `import torch` alone (which loads torchneuron) adds no hook and
+    does not import Dynamo (a second of imports), so a CPU-only program is untouched; the optimizer-step
+    boundary is hooked when the first op queues."""
     import json
     import os
     import subprocess
@@ -267,6 +270,29 @@ def test_on_by_default_and_hooks_only_once_ops_queue(setting):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     none = {"module": 0, "optimizer": 0}
     assert seen["cpu_only"] == seen["cpu_only_after_a_step"] == none
+    assert seen["dynamo_at_import"] is False
     assert seen["y"] == [2.0] * 4
     assert seen["enabled"] is (setting is None)
     assert seen["queued"] == ({"module": 0, "optimizer": 1} if setting is None else none)
+
+
+def test_the_step_boundary_hook_becomes_traceable_once_dynamo_is_loaded(monkeypatch):
+    """Hooked before Dynamo is imported, the hook is a plain function; the next install, once Dynamo is
+    loaded, replaces it with one Dynamo traces (else a compiled optimizer step would break at it)."""
+    from torch.optim import optimizer
+
+    boundaries = adaptive._boundaries
+    boundaries.remove()
+    try:
+        monkeypatch.setattr(adaptive, "_dynamo_loaded", lambda: False)
+        boundaries.install()
+        assert not boundaries.traceable and len(optimizer._global_optimizer_post_hooks) == 1
+        monkeypatch.undo()
+        import torch._dynamo  # as torch.compile, an optimizer or a meta kernel does
+
+        boundaries.install()
+        assert boundaries.traceable and len(optimizer._global_optimizer_post_hooks) == 1
+        hook = next(iter(optimizer._global_optimizer_post_hooks.values()))
+        assert (hook != boundaries._after_step) == hasattr(torch._dynamo, "dont_skip_tracing")  # wrapped for Dynamo
+    finally:
+        boundaries.remove()

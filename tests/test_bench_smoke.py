@@ -69,6 +69,14 @@ def test_profiler_overhead_bench_reports_every_row():
     assert "hook checks per op (nothing listening)" in rows, out
 
 
+def test_import_time_bench_times_both_imports():
+    out = subprocess.run([sys.executable, "-m", "bench.import_time", "--runs", "1"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    alone, with_backend = (float(word) for word in out.replace(",", " ").split() if word.replace(".", "").isdigit()
+                           and "." in word)
+    assert 0 < alone < with_backend, out
+
+
 @pytest.mark.slow
 def test_host_overhead_bench_reports_every_mode():
     out = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--smoke"], cwd=ROOT, check=True,

@@ -22,13 +22,14 @@ On by default. Off: `torch.neuron.set_adaptive_eager(False)`, the
 `torch.neuron.adaptive_eager(False)` context manager, or TORCHNEURON_ADAPTIVE_EAGER=0.
 """
 import contextlib
+import functools
 import os
+import sys
 import threading
 import weakref
 
 import jax
 import torch
-import torch._dynamo
 from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -190,10 +191,6 @@ def _replay(ops, n_values, external_values, externals, kept, device_index):
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
-# torch < 2.13 lacks it: its compiled graphs break at the hook, which is slower but correct
-_traceable_by_dynamo = getattr(torch._dynamo, "dont_skip_tracing", lambda fn: fn)
-
-
 class _LoopBoundaries:
     """Runs the queue after each optimizer step. With the cut the queue makes where the recording thread
     changes (forward on the caller's thread, backward on the autograd engine's device thread), a training
@@ -204,10 +201,21 @@ class _LoopBoundaries:
 
     def __init__(self):
         self.handle = None
+        self.traceable = False
 
     def install(self):
-        if self.handle is None:
-            self.handle = register_optimizer_step_post_hook(self._after_step)
+        """Register the hook; once Dynamo is imported, as one it traces (see `_after_step`). Importing Dynamo
+        here would add a second to every `import torch` (the backend autoloads): whoever compiles, or makes
+        an optimizer, imports it, and the next install (each change of recording thread calls it) upgrades."""
+        traceable = _dynamo_loaded()
+        if self.handle is not None and (self.traceable or not traceable):
+            return
+        self.remove()
+        hook = self._after_step
+        if traceable:
+            # torch < 2.13 lacks it: its compiled graphs break at the hook, which is slower but correct
+            hook = getattr(torch._dynamo, "dont_skip_tracing", lambda fn: fn)(hook)
+        self.handle, self.traceable = register_optimizer_step_post_hook(hook), traceable
 
     def remove(self):
         if self.handle is not None:
@@ -217,14 +225,23 @@ class _LoopBoundaries:
     # torch.compile traces global hooks into its graphs (Dynamo skips torchneuron's frames, so this is
     # marked traceable, or it would break the graph): there it does nothing. Around a compiled optimizer it
     # runs eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
-    @_traceable_by_dynamo
     def _after_step(self, optimizer, args, kwargs):
         if not torch.compiler.is_compiling():
-            _flush_outside_dynamo()
+            # a process without Dynamo compiles nothing
+            flush = _flush_outside_dynamo() if _dynamo_loaded() else queue.flush
+            flush()
+
+
+def _dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
+
+
+@functools.cache
+def _flush_outside_dynamo():
+    return torch.compiler.disable(queue.flush)
 
 
 _boundaries = _LoopBoundaries()
-_flush_outside_dynamo = torch.compiler.disable(queue.flush)
 
 
 def set_enabled(enabled: bool) -> None:
