@@ -247,8 +247,9 @@ cpu_only_after_a_step = hooks()
 x = torch.ones(4, device="neuron")
 for _ in range(2):
     y = x * 2  # the second run is queued
-print(json.dumps({"enabled": torch.neuron.is_adaptive_eager_enabled(), "dynamo_at_import": dynamo_at_import, "cpu_only": cpu_only,
-                  "cpu_only_after_a_step": cpu_only_after_a_step, "queued": hooks(), "y": y.tolist()}))
+print(json.dumps({"enabled": torch.neuron.is_adaptive_eager_enabled(), "dynamo_at_import": dynamo_at_import,
+                  "cpu_only": cpu_only, "cpu_only_after_a_step": cpu_only_after_a_step, "queued": hooks(),
+                  "y": y.tolist()}))
 """
 
 
