@@ -1,5 +1,6 @@
 """Test-suite configuration, and the one list of tests expected to fail, each with its reason."""
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -41,3 +42,22 @@ def assert_same(neuron_tensor, cpu_tensor, **tolerances):
     """Values, dtype and shape of a neuron result equal the CPU result."""
     assert neuron_tensor.device.type == "neuron"
     torch.testing.assert_close(neuron_tensor.cpu(), cpu_tensor, **tolerances)
+
+
+@contextlib.contextmanager
+def jax_compile_events():
+    """The JAX lowerings and XLA compiles (their event names) made inside the block; a persistent-cache hit
+    still lowers, so a block that builds no new program records nothing."""
+    import jax
+
+    names = []
+
+    def record(name, *args, **kwargs):
+        if name in ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration"):
+            names.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import assert_same
+from conftest import assert_same, jax_compile_events
 
 NAN = float("nan")
 
@@ -188,8 +188,6 @@ _DATA_DEPENDENT = {
 def test_data_dependent_results_compile_per_input_shape_not_per_length(fn, length):
     """Their lengths change with the data at every call: XLA compiles nothing for a new length (results are
     computed at the input's size and cut to a power of two of rows, here half the mask's length)."""
-    import jax
-
     torch.manual_seed(0)
     x = torch.randn(4096)
     masks = [torch.randperm(length) < int(length * share) for share in (0.27, 0.37, 0.44, 0.4998)]
@@ -198,17 +196,8 @@ def test_data_dependent_results_compile_per_input_shape_not_per_length(fn, lengt
     # compiles (and cuts to half); three times, the runs adaptive eager takes to settle on one fused program
     # for the ops around it
     results = [fn(on_neuron, masks[0].to("neuron")) for _ in range(3)][2:]
-    compiles = []
-
-    def count(name, *args, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            compiles.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with jax_compile_events() as compiles:
         results += [fn(on_neuron, mask.to("neuron")) for mask in masks[1:]]
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert compiles == []
     for got, want in zip(results, expected):
         for got_tensor, wanted_tensor in _result_pairs(got, want):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import assert_same
+from conftest import assert_same, jax_compile_events
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -201,6 +201,26 @@ def test_a_cpu_scalar_input_is_put_on_the_device_once_per_value(monkeypatch):
         use_each()
     assert first.transfers["h2d"][0] == len(scalars)  # -0.0 is not 0.0, nor -NaN NaN
     assert again.transfers["h2d"][0] == 0
+
+
+def test_a_python_number_is_passed_as_itself_once_then_kept_on_the_device(monkeypatch):
+    """An op's first sight of a number (an optimizer's new step size) passes it to the program as itself,
+    without a device copy; from its second sight it is put on the device once and kept. Both forms run the
+    one compiled program, with the CPU's results, zeros and NaNs keyed by their bits."""
+    from torchneuron.runtime import transfer
+
+    monkeypatch.setattr(transfer, "_scalars", {})
+    monkeypatch.setattr(transfer, "_sighted_once", {})
+    x = torch.randn(5, 3)
+    with torch.neuron.adaptive_eager(False):
+        y = x.to("neuron")
+        assert_same(y.mul(0.5), x.mul(0.5))  # compiles, given the number itself
+        with jax_compile_events() as compiles:
+            for number in (0.75, 0.75, 0.75, -0.0, 0.0, -0.0, float("nan"), float("nan")):
+                assert_same(y.mul(number), x.mul(number), equal_nan=True)
+    assert compiles == []  # the kept copies are committed to the device, the first sights are not
+    assert set(transfer._scalars) == {transfer._scalar_key(type(n), n, 0) for n in (0.75, -0.0, float("nan"))}
+    assert set(transfer._sighted_once) == {transfer._scalar_key(type(n), n, 0) for n in (0.5, 0.0)}
 
 
 @pytest.mark.parametrize("numel", [8, 4 * 2**20])

@@ -28,14 +28,12 @@ import sys
 import threading
 import weakref
 
-import jax
 import torch
-from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import events, sync
 from ..runtime.cache import ExecutableCache
-from ..runtime.platform import jax_device
+from ..runtime.program import jit_on_device
 from ..runtime.storage import Pending
 
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
@@ -143,9 +141,7 @@ class Queue:
                 results = _replay(ops, n_values, external_values, externals, kept, device_index)
             else:
                 if fused is None:
-                    # placed explicitly, as eager executables are (results may depend on no input buffer)
-                    placed = SingleDeviceSharding(jax_device(device_index))
-                    fused = jax.jit(_fused_program(ops, n_values, external_values, kept), out_shardings=placed)
+                    fused = jit_on_device(_fused_program(ops, n_values, external_values, kept), device_index)
                     fused_cache.put(key, fused)
                 try:
                     results = events.flush(fused, externals, len(ops), device_index) if events.listening else fused(*externals)

@@ -20,7 +20,7 @@ from ..runtime.dtypes import UnsupportedDtype, convert_to
 from ..runtime.program import StorageProgram, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
-from ..runtime.transfer import device_scalar
+from ..runtime.transfer import device_scalars
 from . import adaptive, cpu_dtypes, fallback, out_dtypes, transfers, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
@@ -208,7 +208,8 @@ class Executable:
         self.compiled = self.program.jit(self.device_index)
         # the common case, one new tensor and nothing resized: built directly
         self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
-        extras = self._extras(tensors, scalars, _KEY if self.random else None)
+        # the numbers as themselves, as a first run passes them (transfer.device_scalars): not a sighting
+        extras = self._numbers(tensors, scalars) + ([_KEY] if self.random else [])
         try:
             # traced now (jit reuses the trace at the first run) for what the program's results are
             traced = self.compiled.trace(*self.program.avals(extras))
@@ -251,14 +252,17 @@ class Executable:
         return self._outputs(queue.record(self, storages, self._extras(tensors, scalars, key)), tensors, storages)
 
     def _extras(self, tensors, scalars, key) -> list:
-        """The program's arguments after the storages' buffers: the views' offsets (if it takes them), the
-        scalars on the device, the random key (if not None)."""
-        extras = _device_scalars([t._spec[2] for t in tensors], self.device_index) if self.traced_offsets else []
-        if scalars:
-            extras += _device_scalars(scalars, self.device_index)
+        """The program's arguments after the storages' buffers: its numbers (see transfer.device_scalars),
+        then the random key (if not None)."""
+        numbers = self._numbers(tensors, scalars) if scalars or self.traced_offsets else None
+        extras = device_scalars(numbers, self.device_index) if numbers else []
         if key is not None:
             extras.append(key)
         return extras
+
+    def _numbers(self, tensors, scalars) -> list:
+        """The views' offsets (if the program takes them), then the scalars."""
+        return [t._spec[2] for t in tensors] + scalars if self.traced_offsets else list(scalars)
 
     def _outputs(self, results, tensors, storages):
         if not results:
@@ -283,10 +287,6 @@ class Executable:
 
 # the abstract raw key a random op's program takes (rng.next_key's result)
 _KEY = jax.ShapeDtypeStruct((4,), np.uint32)
-
-
-def _device_scalars(scalars, device_index) -> list:
-    return [device_scalar(s, device_index) for s in scalars]
 
 
 def _factory_device_index(tkwargs) -> int:

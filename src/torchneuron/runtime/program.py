@@ -71,10 +71,7 @@ class StorageProgram:
 
     def jit(self, device_index: int, function=None):
         """The program jitted for a device; `function` stands in for it (the same program, exported)."""
-        # placed explicitly: results that depend on no input buffer (factories, fill_) would otherwise
-        # land on JAX's default device
-        return jax.jit(function or self.function, donate_argnums=tuple(range(len(self.written_storages))),
-                       out_shardings=SingleDeviceSharding(jax_device(device_index)))
+        return jit_on_device(function or self.function, device_index, tuple(range(len(self.written_storages))))
 
     def jit_over(self, mesh):
         """The program mapped over a one-axis mesh of processes' devices (its collectives name the axis):
@@ -94,6 +91,15 @@ class StorageProgram:
             buffer = storages[p]._buffer
             flat.append(buffer if buffer is not None and type(buffer) is not Pending else storages[p].buffer)
         return flat
+
+
+def jit_on_device(function, device_index: int, donate_argnums=()):
+    """`function` jitted to run on one device, its arguments and results placed there explicitly: results
+    that depend on no input buffer (factories, fill_) would otherwise land on JAX's default device, and a
+    number given as itself (uncommitted) or as a device scalar (committed) would be two signatures, each
+    compiled (see transfer.device_scalars)."""
+    placed = SingleDeviceSharding(jax_device(device_index))
+    return jax.jit(function, donate_argnums=donate_argnums, in_shardings=placed, out_shardings=placed)
 
 
 def global_avals(avals, mesh) -> list:

@@ -54,40 +54,55 @@ def _device_index(array: jax.Array) -> int:
     return devices().index(next(iter(array.devices())))
 
 
-# device copies of scalars by value: Python numbers (device_scalar) and 0-dim CPU tensors (host_scalar_to_device)
+# device copies of scalars by value: Python numbers (device_scalars) and 0-dim CPU tensors (host_scalar_to_device)
 _scalars = {}
 _MAX_SCALARS = 4096
+# Python numbers given to one call of device_scalars and not yet to another (keys, oldest first)
+_sighted_once = {}
 
 
-def device_scalar(value: float, device_index: int) -> jax.Array:
-    """A Python float as a weakly typed 0-d array on the device, kept for reuse: given the float itself,
-    a jitted call copies it to the device on every call (about 3 us each on XLA:CPU). Weak typing keeps
-    the float's promotion (a float32 tensor plus it stays float32) and the executable's signature.
-    Put as a host value, not made by `jnp.asarray`: that runs a device computation, which waits behind the
-    programs queued before it (an optimizer's new step size each step waited for the backward pass)."""
-    # the type: 1, 1.0 and True are equal keys otherwise
-    key = (type(value), value if value and value == value else _bits(value), device_index)
-    array = _scalars.get(key)
-    if array is None:
-        array = _remember(key, jax.device_put(value, jax_device(device_index)))
-    return array
+def device_scalars(values: list, device_index: int) -> list:
+    """Python numbers as a program's arguments, each a weakly typed 0-d value (weak typing keeps the
+    number's promotion, a float32 tensor plus it stays float32, and the executable's signature).
+    A number that an earlier call was given too is put on the device once and kept: given the number
+    itself, a jitted call copies it on every call (3-7 us each on XLA:CPU). A number new to this call is
+    given as itself: `jax.device_put` runs 30-50 us of Python, and ten times that while the device's
+    programs occupy the host's cores, and numbers such as an optimizer's bias corrections are new each
+    step and never come back. Put as host values, not made by `jnp.asarray`: that runs a device
+    computation, which waits behind the programs queued before it."""
+    arguments, new = [], []
+    for value in values:
+        key = _scalar_key(type(value), value, device_index)  # the type: 1, 1.0 and True are equal otherwise
+        array = _scalars.get(key)
+        if array is None:
+            if key in _sighted_once:
+                del _sighted_once[key]
+                array = _remember(key, jax.device_put(value, jax_device(device_index)))
+            else:
+                array = value
+                new.append(key)
+        arguments.append(array)
+    for key in new:
+        if len(_sighted_once) >= _MAX_SCALARS:
+            del _sighted_once[next(iter(_sighted_once))]
+        _sighted_once[key] = None
+    return arguments
 
 
 def host_scalar_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     """A 0-dim CPU tensor's value as a flat device buffer, one per dtype and value: such a tensor is only
     ever an op's input (CPU scalars mix with device tensors as inputs, never as results), so the buffer is
     never written or donated, and an op given the same scalar again reads it without a transfer."""
-    value = tensor.item()
-    key = (tensor.dtype, value if value and value == value else _bits(value), device_index)
+    key = _scalar_key(tensor.dtype, tensor.item(), device_index)
     array = _scalars.get(key)
     if array is None:
         array = _remember(key, host_to_device(tensor, device_index))
     return array
 
 
-def _bits(value) -> bytes:
+def _scalar_key(kind, value, device_index) -> tuple:
     """Zeros and NaNs are keyed by their bits: equality cannot tell 0.0 from -0.0, and NaN equals nothing."""
-    return np.asarray(value).tobytes()
+    return kind, value if value and value == value else np.asarray(value).tobytes(), device_index
 
 
 def _remember(key, array: jax.Array) -> jax.Array:
