@@ -1,4 +1,6 @@
 """Fixed cost per op for small tensors: neuron eager vs PyTorch eager vs a bare jax.jit call."""
+import itertools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -10,6 +12,7 @@ def torch_cases(device):
     a = torch.randn(16, 16, device=device)
     b = torch.randn(16, 16, device=device)
     chain = [a]
+    calls = itertools.count()
 
     def two_ops():  # each result feeds the next call, as in real code
         chain[0] = chain[0] * 0.5 + b
@@ -20,8 +23,14 @@ def torch_cases(device):
         "matmul 16x16": lambda: a @ b,
         "view (transpose)": lambda: a.t(),
         "in-place add_": lambda: a.add_(1.0),
+        # an optimizer's step size or bias correction: a number never seen before
+        "add_(b, alpha=new number)": lambda: a.add_(b, alpha=_new_number(calls)),
         "y = y * 0.5 + b (2 ops)": two_ops,
     }
+
+
+def _new_number(calls) -> float:
+    return 1e-3 / (1 + next(calls))
 
 
 def jax_cases():
@@ -29,7 +38,9 @@ def jax_cases():
     b = jnp.ones((16, 16), jnp.float32)
     add, mul, matmul = jax.jit(jnp.add), jax.jit(jnp.multiply), jax.jit(jnp.matmul)
     transpose = jax.jit(jnp.transpose)
+    add_scaled = jax.jit(lambda x, y, alpha: x + alpha * y)
     chain = [a]
+    calls = itertools.count()
 
     def two_ops():
         chain[0] = add(mul(chain[0], 0.5), b)
@@ -41,6 +52,7 @@ def jax_cases():
         "matmul 16x16": lambda: matmul(a, b),
         "view (transpose)": lambda: transpose(a),
         "in-place add_": lambda: add(a, 1.0),
+        "add_(b, alpha=new number)": lambda: add_scaled(a, b, _new_number(calls)),
         "y = y * 0.5 + b (2 ops)": two_ops,
     }
 
