@@ -57,7 +57,8 @@ def _device_index(array: jax.Array) -> int:
 # device copies of scalars by value: Python numbers (device_scalars) and 0-dim CPU tensors (host_scalar_to_device)
 _scalars = {}
 _MAX_SCALARS = 4096
-# Python numbers given to one call of device_scalars and not yet to another (keys, oldest first)
+# Python numbers given to one call of device_scalars and not yet to another (key -> True); popped, not
+# tested then deleted, as the autograd engine's thread calls it too
 _sighted_once = {}
 
 
@@ -75,17 +76,16 @@ def device_scalars(values: list, device_index: int) -> list:
         key = _scalar_key(type(value), value, device_index)  # the type: 1, 1.0 and True are equal otherwise
         array = _scalars.get(key)
         if array is None:
-            if key in _sighted_once:
-                del _sighted_once[key]
+            if _sighted_once.pop(key, False):
                 array = _remember(key, jax.device_put(value, jax_device(device_index)))
             else:
                 array = value
                 new.append(key)
         arguments.append(array)
-    for key in new:
+    if new:
         if len(_sighted_once) >= _MAX_SCALARS:
-            del _sighted_once[next(iter(_sighted_once))]
-        _sighted_once[key] = None
+            _sighted_once.clear()
+        _sighted_once.update(dict.fromkeys(new, True))
     return arguments
 
 
