@@ -68,6 +68,28 @@ def test_ops_are_queued_until_a_value_is_read(queued):
     torch.testing.assert_close(z.cpu(), (a + b) * 2)
 
 
+def test_equal_numbers_are_one_input_of_the_queue(queued):
+    """A foreach optimizer step gives every parameter its own copy of the step size: the queue passes each
+    distinct number (by type and bits) once, and the results stay op by op's."""
+    tensors = [torch.randn(5) for _ in range(4)]
+    on_neuron = [t.to("neuron") for t in tensors]
+    numbers = [0.25, 0.25, -0.0, 0.0]
+
+    def step(ts, scale):
+        torch._foreach_mul_(ts, [n * scale for n in numbers])
+        torch._foreach_add_(ts, 1.0 / scale)
+
+    step(on_neuron, 1.0)  # runs (and compiles) op by op: queued from the next call
+    step(tensors, 1.0)
+    for scale in (3.0, 7.0):  # numbers new to the run, as an optimizer's bias corrections are
+        step(on_neuron, scale)
+        step(tensors, scale)
+        # -0.0 and 0.0 come back each call: from the second they are kept device scalars, not numbers
+        assert sorted(e for e in adaptive.queue.externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
+        for got, want in zip(on_neuron, tensors):
+            torch.testing.assert_close(got.cpu(), want)
+
+
 def test_in_place_writes_through_views_are_queued_in_order(queued):
     base = torch.zeros(4, 6)
     x = base.to("neuron")

@@ -219,8 +219,8 @@ def test_a_python_number_is_passed_as_itself_once_then_kept_on_the_device(monkey
             for number in (0.75, 0.75, 0.75, -0.0, 0.0, -0.0, float("nan"), float("nan")):
                 assert_same(y.mul(number), x.mul(number), equal_nan=True)
     assert compiles == []  # the kept copies are committed to the device, the first sights are not
-    assert set(transfer._scalars) == {transfer._scalar_key(type(n), n, 0) for n in (0.75, -0.0, float("nan"))}
-    assert set(transfer._sighted_once) == {transfer._scalar_key(type(n), n, 0) for n in (0.5, 0.0)}
+    assert set(transfer._scalars) == {transfer.scalar_key(type(n), n, 0) for n in (0.75, -0.0, float("nan"))}
+    assert set(transfer._sighted_once) == {transfer.scalar_key(type(n), n, 0) for n in (0.5, 0.0)}
 
 
 @pytest.mark.parametrize("numel", [8, 4 * 2**20])

@@ -35,7 +35,9 @@ from ..runtime import events, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.program import jit_on_device
 from ..runtime.storage import Pending
+from ..runtime.transfer import scalar_key
 
+_NUMBERS = (float, int, bool)
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
 
 
@@ -58,6 +60,7 @@ class Queue:
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
         self.external_index = {}  # id(buffer) -> value number, so a buffer read twice is one input
+        self.number_index = {}  # a Python number's key -> value number, so equal numbers are one input
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
@@ -88,7 +91,7 @@ class Queue:
                     value = known[id(buffer)] = self._new_external(buffer)
                 args.append(value)
             for extra in extras:
-                args.append(self._new_external(extra))
+                args.append(self._number(extra) if type(extra) in _NUMBERS else self._new_external(extra))
             first = self.n_values
             pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
             self.n_values += len(pendings)
@@ -112,6 +115,16 @@ class Queue:
             del self._sighted[next(iter(self._sighted))]
         self._sighted[key] = None
         return True
+
+    def _number(self, number) -> int:
+        """A number given as itself (transfer.device_scalars), one input however many ops take it: a foreach
+        optimizer step gives each parameter its own copy of the step size, and each number passed to an
+        executable is a transfer at the call (1-2 us each on XLA:CPU)."""
+        key = scalar_key(type(number), number, self.device_index)
+        value = self.number_index.get(key)
+        if value is None:
+            value = self.number_index[key] = self._new_external(number)
+        return value
 
     def _new_external(self, value) -> int:
         self.externals.append(value)

@@ -73,7 +73,7 @@ def device_scalars(values: list, device_index: int) -> list:
     computation, which waits behind the programs queued before it."""
     arguments, new = [], []
     for value in values:
-        key = _scalar_key(type(value), value, device_index)  # the type: 1, 1.0 and True are equal otherwise
+        key = scalar_key(type(value), value, device_index)  # the type: 1, 1.0 and True are equal otherwise
         array = _scalars.get(key)
         if array is None:
             if _sighted_once.pop(key, False):
@@ -93,14 +93,14 @@ def host_scalar_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
     """A 0-dim CPU tensor's value as a flat device buffer, one per dtype and value: such a tensor is only
     ever an op's input (CPU scalars mix with device tensors as inputs, never as results), so the buffer is
     never written or donated, and an op given the same scalar again reads it without a transfer."""
-    key = _scalar_key(tensor.dtype, tensor.item(), device_index)
+    key = scalar_key(tensor.dtype, tensor.item(), device_index)
     array = _scalars.get(key)
     if array is None:
         array = _remember(key, host_to_device(tensor, device_index))
     return array
 
 
-def _scalar_key(kind, value, device_index) -> tuple:
+def scalar_key(kind, value, device_index) -> tuple:
     """Zeros and NaNs are keyed by their bits: equality cannot tell 0.0 from -0.0, and NaN equals nothing."""
     return kind, value if value and value == value else np.asarray(value).tobytes(), device_index
 
