@@ -254,15 +254,15 @@ class Executable:
     def _extras(self, tensors, scalars, key) -> list:
         """The program's arguments after the storages' buffers: its numbers (see transfer.device_scalars),
         then the random key (if not None)."""
-        numbers = self._numbers(tensors, scalars) if scalars or self.traced_offsets else None
-        extras = device_scalars(numbers, self.device_index) if numbers else []
+        numbered = scalars or self.traced_offsets
+        extras = device_scalars(self._numbers(tensors, scalars), self.device_index) if numbered else []
         if key is not None:
             extras.append(key)
         return extras
 
     def _numbers(self, tensors, scalars) -> list:
         """The views' offsets (if the program takes them), then the scalars."""
-        return [t._spec[2] for t in tensors] + scalars if self.traced_offsets else list(scalars)
+        return [t._spec[2] for t in tensors] + scalars if self.traced_offsets else scalars
 
     def _outputs(self, results, tensors, storages):
         if not results:
