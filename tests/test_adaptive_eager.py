@@ -1,7 +1,10 @@
 """Adaptive eager: queued ops run as one fused executable with the results of op-by-op eager."""
+import gc
+
 import pytest
 import torch
 import torch.nn as nn
+from jax.extend import core as jax_core
 
 from torchneuron.eager import adaptive, fallback
 from torchneuron.runtime.storage import Pending
@@ -88,6 +91,31 @@ def test_equal_numbers_are_one_input_of_the_queue(queued):
         assert sorted(e for e in adaptive.queue.externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
         for got, want in zip(on_neuron, tensors):
             torch.testing.assert_close(got.cpu(), want)
+
+
+def _traced_equations() -> int:
+    """The equations of every JAX trace alive in the process."""
+    gc.collect()
+    return sum(len(o.eqns) for o in gc.get_objects() if type(o) is jax_core.Jaxpr)
+
+
+def test_programs_keep_nothing_of_their_traces(queued):
+    """JAX keeps a jitted function's traces as long as the function lives; a program's trace is dropped once
+    it is compiled, as Python's collector walks every object kept at each full collection (a foreach optimizer
+    step's trace is tens of thousands)."""
+    tensors = [torch.randn(3, 7) for _ in range(40)]
+    on_neuron = [t.to("neuron") for t in tensors]
+    before = _traced_equations()
+    for _ in range(3):  # op by op (each op's executable traced and compiled), then fused (traced and compiled)
+        for ts in (on_neuron, tensors):
+            torch._foreach_mul_(ts, 1.5)
+            torch._foreach_add_(ts, ts)
+        torch.neuron.synchronize()
+    assert queued()["ops_fused"] >= 2
+    for got, want in zip(on_neuron, tensors):
+        torch.testing.assert_close(got.cpu(), want)
+    # each trace has an equation or more per tensor: 40 would be one trace kept
+    assert _traced_equations() - before < 40
 
 
 def test_in_place_writes_through_views_are_queued_in_order(queued):

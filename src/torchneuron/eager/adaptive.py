@@ -33,7 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import events, sync
 from ..runtime.cache import ExecutableCache
-from ..runtime.program import jit_on_device
+from ..runtime.program import compile_on_device
 from ..runtime.storage import Pending
 from ..runtime.transfer import scalar_key
 
@@ -153,11 +153,11 @@ class Queue:
                 self.first_sightings += 1
                 results = _replay(ops, n_values, external_values, externals, kept, device_index)
             else:
-                if fused is None:
-                    fused = jit_on_device(_fused_program(ops, n_values, external_values, kept), device_index)
-                    fused_cache.put(key, fused)
+                run = fused if fused is not None else functools.partial(
+                    _compile_and_run, key, ops, n_values, external_values, kept, device_index)
                 try:
-                    results = events.flush(fused, externals, len(ops), device_index) if events.listening else fused(*externals)
+                    results = (events.flush(run, externals, len(ops), device_index, fused is None)
+                               if events.listening else run(*externals))
                     self.ops_fused += len(ops)
                 except Exception:
                     self.replays += 1
@@ -185,8 +185,15 @@ def _fused_program(ops, n_values, external_values, kept):
     def fused(*externals):
         return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program.function(*args))
 
-    fused.__name__ = fused.__qualname__ = f"adaptive_eager_{len(ops)}_ops"
+    fused.__name__ = fused.__qualname__ = events.fused_name(len(ops))
     return fused
+
+
+def _compile_and_run(key, ops, n_values, external_values, kept, device_index, *externals):
+    """A queue structure's second sighting: its fused program compiled, cached and run."""
+    fused = compile_on_device(_fused_program(ops, n_values, external_values, kept), device_index, externals)
+    fused_cache.put(key, fused)
+    return fused(*externals)
 
 
 def _replay(ops, n_values, external_values, externals, kept, device_index):

@@ -17,7 +17,7 @@ from ..ops import checks, registry, rules
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import UnsupportedDtype, convert_to
-from ..runtime.program import StorageProgram, storage_views
+from ..runtime.program import StorageProgram, fast_call, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
 from ..runtime.transfer import device_scalars
@@ -205,19 +205,19 @@ class Executable:
                                       events.executable_name(op.func), traced_offsets)
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
-        self.compiled = self.program.jit(self.device_index)
         # the common case, one new tensor and nothing resized: built directly
         self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         # the numbers as themselves, as a first run passes them (transfer.device_scalars): not a sighting
         extras = self._numbers(tensors, scalars) + ([_KEY] if self.random else [])
         try:
-            # traced now (jit reuses the trace at the first run) for what the program's results are
-            traced = self.compiled.trace(*self.program.avals(extras))
+            # traced now for what the program's results are; compiled from this trace at the first run
+            self._traced = self.program.jit(self.device_index).trace(*self.program.avals(extras))
         except Exception as exc:
             if self._is_final(exc):
                 raise
             raise LoweringFailed(self.op, exc) from None
-        self.output_sizes = [math.prod(r.shape) for r in traced.out_info]
+        self.output_sizes = [math.prod(r.shape) for r in self._traced.out_info]
+        self.compiled = self._compile_and_run
         self.ran = False  # adaptive eager queues it once it has run: its compile is known good
 
     def run(self, tensors, storages, scalars, generator=None):
@@ -240,6 +240,14 @@ class Executable:
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
+
+    def _compile_and_run(self, *flat):
+        """The first run compiles the program from its trace, which is then dropped (program.jit_on_device)."""
+        self.compiled = compiled = self._traced.lower().compile()
+        del self._traced
+        results = compiled(*flat)
+        self.compiled = fast_call(compiled)
+        return results
 
     def _is_final(self, exc) -> bool:
         """A failure the CPU must not be tried for: a library lowering's is its author's to see, and an

@@ -100,12 +100,18 @@ def signature(what: str, name, key) -> None:
     instant("signature", name, {"what": what, "key": key})
 
 
-def flush(fused, externals, n_ops: int, device_index: int):
-    """Adaptive eager runs its queue of `n_ops` ops as one jitted program, `fused` (compiled on its first call);
-    its device time, when asked for, in a nested "execute" span."""
-    cache = "hit" if fused._cache_size() else "miss"
-    details = {"ops": n_ops, "inputs": len(externals), "cache": cache, "device": device_index}
-    return span("flush", fused.__name__, _run_and_wait, (fused, externals, fused.__name__, device_index), details)
+def flush(run, externals, n_ops: int, device_index: int, compiles: bool):
+    """Adaptive eager runs its queue of `n_ops` ops as one fused program, `run(*externals)` (which compiles
+    it first if `compiles`); its device time, when asked for, in a nested "execute" span."""
+    name = fused_name(n_ops)
+    details = {"ops": n_ops, "inputs": len(externals), "cache": "miss" if compiles else "hit",
+               "device": device_index}
+    return span("flush", name, _run_and_wait, (run, externals, name, device_index), details)
+
+
+def fused_name(n_ops: int) -> str:
+    """The name of adaptive eager's fused program of `n_ops` ops, in XLA's program text and in profiles."""
+    return f"adaptive_eager_{n_ops}_ops"
 
 
 def flush_op_by_op(evaluate, args, n_ops: int, n_inputs: int, device_index: int):

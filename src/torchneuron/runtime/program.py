@@ -70,14 +70,15 @@ class StorageProgram:
         self.function = function
 
     def jit(self, device_index: int, function=None):
-        """The program jitted for a device; `function` stands in for it (the same program, exported)."""
+        """The program jitted for a device, to be traced and compiled once (see `jit_on_device`); `function`
+        stands in for it (the same program, exported)."""
         return jit_on_device(function or self.function, device_index, tuple(range(len(self.written_storages))))
 
     def jit_over(self, mesh):
         """The program mapped over a one-axis mesh of processes' devices (its collectives name the axis):
         each argument and result is this process's flat shard of an array over the mesh (`shard_of`)."""
         spec = PartitionSpec(mesh.axis_names[0])
-        mapped = jax.shard_map(self.function, mesh=mesh, in_specs=spec, out_specs=spec)
+        mapped = jax.shard_map(_own_function(self.function), mesh=mesh, in_specs=spec, out_specs=spec)
         return jax.jit(mapped, donate_argnums=tuple(range(len(self.written_storages))))
 
     def avals(self, extras) -> list:
@@ -97,9 +98,39 @@ def jit_on_device(function, device_index: int, donate_argnums=()):
     """`function` jitted to run on one device, its arguments and results placed there explicitly: results
     that depend on no input buffer (factories, fill_) would otherwise land on JAX's default device, and a
     number given as itself (uncommitted) or as a device scalar (committed) would be two signatures, each
-    compiled (see transfer.device_scalars)."""
+    compiled (see transfer.device_scalars).
+
+    Meant to be traced and compiled ahead of time (`.trace(...).lower().compile()`), then dropped: JAX keeps
+    a jitted function's traces for as long as the traced Python function lives, and the garbage collector
+    walks all their objects at every full collection, which the many small objects of each eager step
+    trigger (a fused optimizer step's trace alone is tens of thousands). So the jit is of a function of its
+    own, which a storage program's function (kept for adaptive eager to inline) is not."""
     placed = SingleDeviceSharding(jax_device(device_index))
-    return jax.jit(function, donate_argnums=donate_argnums, in_shardings=placed, out_shardings=placed)
+    return jax.jit(_own_function(function), donate_argnums=donate_argnums, in_shardings=placed,
+                   out_shardings=placed)
+
+
+def _own_function(function):
+    """`function` called through a new function object of the same name (the executable's, in XLA's program
+    text and in profiles)."""
+
+    def program(*args):
+        return function(*args)
+
+    program.__name__ = program.__qualname__ = function.__name__
+    return program
+
+
+def compile_on_device(function, device_index: int, args):
+    """`function` compiled for `args` (arrays, numbers) on one device, keeping nothing of its trace."""
+    return jit_on_device(function, device_index).trace(*args).lower().compile()
+
+
+def fast_call(compiled):
+    """What calls a compiled program without `Compiled.__call__`'s Python frame (0.5 us a call, on the
+    op-by-op path): jax's C++ call of it, which it sets at its first call; the program itself where a jax
+    version has none."""
+    return getattr(compiled, "_call", None) or compiled
 
 
 def global_avals(avals, mesh) -> list:
