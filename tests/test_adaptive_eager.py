@@ -73,10 +73,11 @@ def test_ops_are_queued_until_a_value_is_read(queued):
 
 def test_equal_numbers_are_one_input_of_the_queue(queued):
     """A foreach optimizer step gives every parameter its own copy of the step size: the queue passes each
-    distinct number (by type and bits) once, and the results stay op by op's."""
-    tensors = [torch.randn(5) for _ in range(4)]
+    distinct number (by type and bits) once, and each kept device scalar once, and the results stay op by
+    op's."""
+    tensors = [torch.randn(5) for _ in range(5)]
     on_neuron = [t.to("neuron") for t in tensors]
-    numbers = [0.25, 0.25, -0.0, 0.0]
+    numbers = [0.25, 0.25, -0.0, 0.0, 0.0]
 
     def step(ts, scale):
         torch._foreach_mul_(ts, [n * scale for n in numbers])
@@ -89,6 +90,7 @@ def test_equal_numbers_are_one_input_of_the_queue(queued):
         step(tensors, scale)
         # -0.0 and 0.0 come back each call: from the second they are kept device scalars, not numbers
         assert sorted(e for e in adaptive.queue.externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
+        assert len([e for e in adaptive.queue.externals if getattr(e, "ndim", None) == 0]) == 2  # kept, once each
         for got, want in zip(on_neuron, tensors):
             torch.testing.assert_close(got.cpu(), want)
 

@@ -59,7 +59,7 @@ class Queue:
         self.ops = []  # (executable, argument value numbers, number of its first output)
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
-        self.external_index = {}  # id(buffer) -> value number, so a buffer read twice is one input
+        self.external_index = {}  # id(array) -> value number, so an array read twice is one input
         self.number_index = {}  # a Python number's key -> value number, so equal numbers are one input
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
@@ -76,7 +76,6 @@ class Queue:
                 self.device_index, self.thread = executable.device_index, thread
                 _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
             args = []
-            known = self.external_index
             for p in executable.argument_storages:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
@@ -86,12 +85,9 @@ class Queue:
                     buffer = buffer.array
                 elif buffer is None:
                     buffer = storages[p].buffer
-                value = known.get(id(buffer))  # a buffer read twice is one input
-                if value is None:
-                    value = known[id(buffer)] = self._new_external(buffer)
-                args.append(value)
+                args.append(self._existing(buffer))
             for extra in extras:
-                args.append(self._number(extra) if type(extra) in _NUMBERS else self._new_external(extra))
+                args.append(self._number(extra) if type(extra) in _NUMBERS else self._existing(extra))
             first = self.n_values
             pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
             self.n_values += len(pendings)
@@ -115,6 +111,14 @@ class Queue:
             del self._sighted[next(iter(self._sighted))]
         self._sighted[key] = None
         return True
+
+    def _existing(self, value) -> int:
+        """An array that exists (a buffer, a kept device scalar, a random key), one input however many ops
+        read it."""
+        number = self.external_index.get(id(value))
+        if number is None:
+            number = self.external_index[id(value)] = self._new_external(value)
+        return number
 
     def _number(self, number) -> int:
         """A number given as itself (transfer.device_scalars), one input however many ops take it: a foreach
