@@ -59,8 +59,7 @@ class Queue:
         self.ops = []  # (executable, argument value numbers, number of its first output)
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
-        self.external_index = {}  # id(array) -> value number, so an array read twice is one input
-        self.number_index = {}  # a Python number's key -> value number, so equal numbers are one input
+        self.inputs = {}  # id(array), or a Python number's scalar_key -> value number (see `_input`)
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
@@ -85,9 +84,10 @@ class Queue:
                     buffer = buffer.array
                 elif buffer is None:
                     buffer = storages[p].buffer
-                args.append(self._existing(buffer))
+                args.append(self._input(id(buffer), buffer))
             for extra in extras:
-                args.append(self._number(extra) if type(extra) in _NUMBERS else self._existing(extra))
+                key = scalar_key(type(extra), extra, self.device_index) if type(extra) in _NUMBERS else id(extra)
+                args.append(self._input(key, extra))
             first = self.n_values
             pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
             self.n_values += len(pendings)
@@ -112,29 +112,18 @@ class Queue:
         self._sighted[key] = None
         return True
 
-    def _existing(self, value) -> int:
-        """An array that exists (a buffer, a kept device scalar, a random key), one input however many ops
-        read it."""
-        number = self.external_index.get(id(value))
+    def _input(self, key, value) -> int:
+        """The value number of `value`, which exists, one input however many ops read it: an array (a buffer,
+        a kept device scalar, a random key) by identity, a number given as itself (transfer.device_scalars) by
+        its type and bits. A foreach optimizer step gives each parameter its own copy of the step size, and
+        each number passed to an executable is a transfer at the call (1-2 us each on XLA:CPU)."""
+        number = self.inputs.get(key)
         if number is None:
-            number = self.external_index[id(value)] = self._new_external(value)
+            number = self.inputs[key] = self.n_values
+            self.externals.append(value)
+            self.external_values.append(number)
+            self.n_values += 1
         return number
-
-    def _number(self, number) -> int:
-        """A number given as itself (transfer.device_scalars), one input however many ops take it: a foreach
-        optimizer step gives each parameter its own copy of the step size, and each number passed to an
-        executable is a transfer at the call (1-2 us each on XLA:CPU)."""
-        key = scalar_key(type(number), number, self.device_index)
-        value = self.number_index.get(key)
-        if value is None:
-            value = self.number_index[key] = self._new_external(number)
-        return value
-
-    def _new_external(self, value) -> int:
-        self.externals.append(value)
-        self.external_values.append(self.n_values)
-        self.n_values += 1
-        return self.n_values - 1
 
     def flush(self) -> None:
         with self.lock:
