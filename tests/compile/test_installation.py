@@ -111,6 +111,32 @@ def test_precompiled_function_runs_in_a_fresh_process_without_tracing(tmp_path):
     assert {k: loaded[k] for k in ("loss", "host", "grad")} == {k: saved[k] for k in ("loss", "host", "grad")}
 
 
+WHOLE_GRAPHS_STEP = PRECOMPILED_STEP.replace(
+    "return out.square().mean(), (out.detach().cpu() * 2).sum()", "return out.square().mean(), out.sum() * 2"
+).replace("import json, os, sys, torch", """import json, os, sys, torch
+from torch.fx._graph_pickler import GraphPickler
+unpickled = []
+loads = GraphPickler.loads
+GraphPickler.loads = staticmethod(lambda *args: unpickled.append(1) or loads(*args))""").replace(
+    '"host_device": str(host.device),', '"graphs_unpickled": len(unpickled),')
+
+
+def test_precompiled_whole_graphs_are_unpickled_only_to_trace_a_program(tmp_path):
+    """A graph compiled whole is saved with what its programs need but the graph itself: a loading process
+    whose disk cache holds the programs never unpickles the graph (its fake tensors were most of the load);
+    one whose cache lacks them unpickles it to trace them, with the same results."""
+    path = str(tmp_path / "step.bin")
+    saved = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}, path))
+    warm = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}, path))
+    cold = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "empty")}, path))
+    assert saved["report"]["xla_compiles"] == 2 and saved["report"]["host_ops"] == {}
+    assert warm["report"]["disk_cache_hits"] == 2 and warm["graphs_unpickled"] == 0
+    assert cold["report"]["xla_compiles"] == 2 and cold["graphs_unpickled"] == 2  # forward and backward
+    for loaded in (warm, cold):
+        assert loaded["report"]["graphs"] == 2 and loaded["report"]["dynamo_graphs"] == 0
+        assert {k: loaded[k] for k in ("loss", "host", "grad")} == {k: saved[k] for k in ("loss", "host", "grad")}
+
+
 def _size(directory) -> int:
     return sum(entry.stat().st_size for entry in os.scandir(directory))
 

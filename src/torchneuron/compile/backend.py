@@ -119,33 +119,48 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs):
 class NeuronCode(OutputCode):
     """A graph compiled by `compile_graph`, in the form AOTAutograd bundles into a precompiled function
     (`torch.compile(fn, fullgraph=True).aot_compile(...)`, saved and loaded by PyTorch): what is saved is
-    the ATen graph with its nodes' fake tensors, compiled again on load, where `compile_graph` is cheap
-    and each program comes from the disk cache, so a loaded function neither traces nor compiles."""
+    the ATen graph with its nodes' fake tensors and, for a graph compiled whole, its `CompiledGraph`
+    without the graph, which the loading process unpickles only to trace a program the disk cache lacks.
+    A split graph is compiled again on load, where `compile_graph` is cheap and each program comes from
+    the disk cache, so a loaded function neither traces nor compiles."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         super().__init__()
         # on the instance: wrappers AOTAutograd puts around a loaded backward copy its __dict__, not its class
         self._boxed_call = True
-        self.gm, self.serialized = gm, None
+        self.gm, self.serialized, self.saved_graph = gm, None, None
         self.run = compile_graph(gm, example_inputs)
 
     def __call__(self, inputs):
         return self.run(inputs)
 
     def prepare_for_serialization(self) -> None:
-        # ops outside aten too (our kernels' custom ops, functional collectives): the loading process
-        # imports torchneuron, which registers them
-        self.serialized = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        if self.gm is not None:  # else loaded, and saved again
+            # ops outside aten too (our kernels' custom ops, functional collectives): the loading process
+            # imports torchneuron, which registers them
+            self.serialized = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        whole = isinstance(self.run, CompiledGraph) and self.run.portable
+        self.saved_graph = self.run.saved() if whole else None
         self.gm = self.run = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
-        if self.run is None:
-            self.gm = GraphPickler.loads(self.serialized, detect_fake_mode(example_inputs))
-            self.gm.recompile()
-            self.run = compile_graph(self.gm, example_inputs)
+        if self.run is not None:
+            return
+        load = functools.partial(_load_graph, self.serialized, detect_fake_mode(example_inputs))
+        if self.saved_graph is None:
+            self.run = compile_graph(load(), example_inputs)
+        else:
+            counters["graphs"] += 1
+            self.run = CompiledGraph.from_saved(self.saved_graph, load)
 
     def set_triton_bundle(self, triton_bundle) -> None:
         pass  # no Triton kernels
+
+
+def _load_graph(serialized: bytes, fake_mode) -> torch.fx.GraphModule:
+    gm = GraphPickler.loads(serialized, fake_mode)
+    gm.recompile()
+    return gm
 
 
 class _Support(OperatorSupportBase):

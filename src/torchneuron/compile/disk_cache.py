@@ -16,6 +16,7 @@ import tempfile
 
 import jax
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..runtime import compilation_cache, events
 from ..runtime.platform import jax_device, platform_name
@@ -32,21 +33,29 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def path_for(gm: torch.fx.GraphModule, signature, device: int):
-    """Where the graph's entry for this input signature lives (None with the cache off)."""
+def graph_digest(gm: torch.fx.GraphModule) -> str:
+    """The graph's code and constants, hashed: its part of the key."""
+    digest = hashlib.sha256(gm.code.encode())
+    with unset_fake_temporarily():
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(gm, node.target)
+                digest.update(value.detach().cpu().contiguous().numpy().tobytes() if isinstance(value, torch.Tensor)
+                              else repr(value).encode())
+    return digest.hexdigest()
+
+
+def path_for(graph: str, signature, device: int):
+    """Where the entry of the graph whose `graph_digest` is `graph` lives for this input signature (None with the
+    cache off)."""
     if not compilation_cache.enabled():
         return None
     digest = hashlib.sha256()
     # the PJRT device, not the neuron index: processes sharing a runtime (torch.distributed) share the
     # cache directory, and each one's executable is loaded onto the device it was compiled for
-    for part in (_source_digest(), str(jax_device(device)), gm.code, repr(signature)):
+    for part in (_source_digest(), str(jax_device(device)), graph, repr(signature)):
         digest.update(part.encode())
         digest.update(b"\0")
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            value = getattr(gm, node.target)
-            digest.update(value.detach().cpu().contiguous().numpy().tobytes() if isinstance(value, torch.Tensor)
-                          else repr(value).encode())
     return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
 
 

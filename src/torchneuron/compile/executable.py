@@ -39,6 +39,7 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
+        self._digest = None
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated = _mutated_inputs(gm, placeholders)
         self.random = any(_is_op(n) and rules.rule(n.target).random for n in gm.graph.nodes)
@@ -58,6 +59,42 @@ class CompiledGraph:
         self.specialisations = {}
         # named by content, as the graph's executable is in XLA's program text and in profiles
         self.name = f"neuron_graph_{hashlib.sha256(gm.code.encode()).hexdigest()[:10]}"
+
+    def graph_module(self) -> torch.fx.GraphModule:
+        """The graph module, which a graph loaded from a precompiled function unpickles only when a program is
+        traced (see `saved`)."""
+        if self.gm is None:
+            self.gm, self.load_graph = self.load_graph(), None
+        return self.gm
+
+    def digest(self) -> str:
+        """The graph's part of its disk cache key (disk_cache.graph_digest)."""
+        if self._digest is None:
+            self._digest = disk_cache.graph_digest(self.gm)
+        return self._digest
+
+    def saved(self) -> dict:
+        """What a precompiled function keeps of a graph compiled whole besides the graph, which it saves on its own
+        (backend.NeuronCode): the loading process unpickles the graph (its fake tensors were most of the load,
+        0.2 s of a 1 s start for bench/compile_step.py's small transformer) only to trace a program the disk
+        cache lacks. Only for a `portable` graph: one with collectives agrees with its group on each program it
+        traces, and one whose ops the CPU refuses holds that error, which is found again from the graph rather
+        than pickled."""
+        state = dict(self.__dict__, gm=None, specialisations={}, out_spec=pytree.treespec_dumps(self.out_spec),
+                     _digest=self.digest())
+        state.pop("load_graph", None)
+        return state
+
+    @classmethod
+    def from_saved(cls, state: dict, load_graph):
+        """The graph `saved` kept, which unpickles its graph module with `load_graph()` when it needs it."""
+        graph = cls.__new__(cls)
+        graph.__dict__.update(state, out_spec=pytree.treespec_loads(state["out_spec"]), load_graph=load_graph)
+        return graph
+
+    @property
+    def portable(self) -> bool:
+        return self.refused is None and not self.group
 
     def __call__(self, args):
         if self.refused is not None:
@@ -176,7 +213,7 @@ class _Program:
         array_outputs, constants = [], {}
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if i in positions else a for i, a in enumerate(args)]
-        gm, sources, aliases, dtypes = graph.gm, graph.out_sources, graph.out_aliases, graph.out_dtypes
+        sources, aliases, dtypes = graph.out_sources, graph.out_aliases, graph.out_dtypes
         self.aliases = aliases
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
@@ -186,7 +223,8 @@ class _Program:
             inputs = list(statics)
             for k, i in enumerate(positions):
                 inputs[i] = values[k]
-            outputs, finals = run_graph_with_inputs(gm, inputs, rng.key_from(extras[0]) if extras else None)
+            outputs, finals = run_graph_with_inputs(graph.graph_module(), inputs,
+                                                    rng.key_from(extras[0]) if extras else None)
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs), sources)):
                 if source is not None or j in aliases:
@@ -224,7 +262,7 @@ class _Program:
             except Exception:  # a program export cannot express: compiled (and traced) below, not stored
                 return None, (array_outputs, constants)
 
-        path = disk_cache.path_for(gm, signature, self.device_index)
+        path = disk_cache.path_for(graph.digest(), signature, self.device_index)
         exported, (array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
         self.output_specs = _output_specs(array_outputs)
         # compiled now (through JAX's persistent cache), so that a failure surfaces here
