@@ -48,6 +48,7 @@ class CompiledGraph:
         self.refused = _cpu_dtype_refusal(gm)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         leaves, self.out_spec = pytree.tree_flatten(output.args[0])
+        self.flat_output = _flat_container(self.out_spec)
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
         self.out_aliases = _output_aliases(leaves)
@@ -123,7 +124,18 @@ class CompiledGraph:
             if events.listening:
                 events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, views, key)
-        return pytree.tree_unflatten(program.run(args, storages), self.out_spec)
+        outputs = program.run(args, storages)
+        if self.flat_output is not None:
+            return self.flat_output(outputs)
+        return pytree.tree_unflatten(outputs, self.out_spec)
+
+
+def _flat_container(spec):
+    """`tuple` or `list` if the graph returns one of tensors and numbers (AOTAutograd's graphs do, None gradients
+    aside), built directly: unflattening visits each output (50 us a call for a forward saving 95 activations)."""
+    if spec.type in (tuple, list) and spec.num_leaves == spec.num_children == spec.num_nodes - 1:
+        return spec.type
+    return None
 
 
 def _output_aliases(leaves) -> dict:
