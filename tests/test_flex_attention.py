@@ -1,5 +1,6 @@
 """torch.nn.attention.flex_attention on neuron (ops/flex_attention.py): a score_mod and a block mask,
-forward and backward, eager and compiled, against the same attention written out on the CPU."""
+forward and backward, eager and compiled (in the graph's program, or between compiled pieces), against the
+same attention written out on the CPU."""
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from torchneuron import compile as neuron_compile
+from torchneuron.compile import backend
 
 B, H, L, D = 2, 4, 40, 16
 WINDOW = 12
@@ -68,9 +70,85 @@ def test_flex_attention_with_score_mod_and_block_mask_matches_the_cpu(how):
     for grad, expected in zip(grads, expected_grads):
         assert grad.device.type == "neuron"
         torch.testing.assert_close(grad.cpu(), expected, atol=2e-5, rtol=1e-4)
-    if how != "eager":  # the attention runs between compiled pieces, the rest of the graph in XLA programs
+    if how != "eager":  # the attention is part of the forward's and the backward's program
         report = neuron_compile.report()
-        assert report["eager_ops"].get("flex_attention", 0) >= 1 and report["graphs"] >= 2, report
+        programs = report["xla_compiles"] + report["disk_cache_hits"]
+        assert report["eager_ops"] == {} and report["graphs"] == 2 and programs == 2, report
+
+
+LENGTHS = [L, 0]  # the second batch's rows attend to nothing: their output is 0 and their logsumexp -inf
+
+
+def _variant(name, device):
+    """(score_mod, mask function, captured leaves, heads of key and value) of each variant, capturing tensors
+    on `device`."""
+    if name == "grouped query heads":
+        return relative_bias, sliding_causal, [], H // 2
+    if name == "learnable bias":
+        bias = torch.linspace(-0.5, 0.5, H).to(device).requires_grad_()
+        return (lambda score, b, h, q_idx, kv_idx: score + bias[h] * (q_idx - kv_idx)), None, [bias], H
+    lengths = torch.tensor(LENGTHS).to(device)
+    return None, (lambda b, h, q_idx, kv_idx: kv_idx < lengths[b]), [], H
+
+
+def _written_out(q, k, v, score_mod, mask_fn):
+    """flex attention on the CPU with every score written out, the index tensors broadcast over the grid;
+    rows with nothing to attend to give 0 and a logsumexp of -inf (and no NaN to their gradients)."""
+    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))
+    b, h, q_idx, kv_idx = (torch.arange(n).reshape([-1 if i == d else 1 for i in range(4)])
+                           for d, n in enumerate((B, H, L, L)))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if score_mod is not None:
+        scores = score_mod(scores, b, h, q_idx, kv_idx)
+    if mask_fn is not None:
+        scores = scores.masked_fill(~mask_fn(b, h, q_idx, kv_idx), float("-inf"))
+    empty = scores.isneginf().all(dim=-1, keepdim=True)
+    scores = torch.where(empty, 0, scores)
+    lse = torch.where(empty.squeeze(-1), float("-inf"), torch.logsumexp(scores, dim=-1))
+    return torch.where(empty, 0, torch.softmax(scores, dim=-1)) @ v, lse
+
+
+@pytest.mark.parametrize("name", ["grouped query heads", "learnable bias", "captured mask buffer, empty rows"])
+def test_compiled_flex_attention_in_one_program_matches_the_cpu(name):
+    """Compiled, the attention is part of the forward's and the backward's programs: its output,
+    logsumexp, and the gradients of query, key, value and a captured learnable buffer, against the CPU."""
+    results = {}
+    for device in ("cpu", "neuron"):
+        score_mod, mask_fn, captured, kv_heads = _variant(name, device)
+        g = torch.Generator().manual_seed(1)
+        shapes = [(B, H, L, D), (B, kv_heads, L, D), (B, kv_heads, L, D)]
+        q, k, v = [torch.randn(*shape, generator=g).to(device).requires_grad_() for shape in shapes]
+        if device == "cpu":
+            out, lse = _written_out(q, k, v, score_mod, mask_fn)
+        else:
+            block_mask = None if mask_fn is None else create_block_mask(mask_fn, B, None, L, L, device=device,
+                                                                        BLOCK_SIZE=16)
+            torch._dynamo.reset()
+            neuron_compile.reset()
+            out, lse = torch.compile(flex_attention, backend="neuron")(
+                q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=kv_heads != H, return_lse=True)
+            assert neuron_compile.report()["eager_ops"] == {}
+        loss = (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device)).sum()
+        (loss + torch.where(lse.isinf(), 0, lse).sum()).backward()
+        results[device] = [out.detach().cpu(), lse.detach().cpu()] + [t.grad.cpu() for t in [q, k, v, *captured]]
+    for got, expected in zip(results["neuron"], results["cpu"], strict=True):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    if name.startswith("captured mask"):
+        out, lse = results["neuron"][:2]
+        assert (out[1] == 0).all() and lse[1].isneginf().all()
+
+
+def test_with_a_subgraph_op_the_table_lacks_compiled_flex_attention_runs_between_compiled_pieces(monkeypatch):
+    """An op of score_mod without a lowering (mul here, as if it had none) cannot run inside the lowering:
+    the graph splits around flex attention's ops, which run PyTorch's dense implementation eagerly."""
+    monkeypatch.setattr(backend, "supported", lambda target, with_collectives=False: target != torch.ops.aten.mul.Tensor)
+    torch._dynamo.reset()
+    neuron_compile.reset()
+    out, grads = _run(torch.compile(flex_attention, backend="neuron"), "neuron")
+    assert neuron_compile.report()["eager_ops"].get("flex_attention", 0) >= 1
+    expected_out, expected_grads = _expected()
+    for got, expected in zip([out.detach(), *grads], [expected_out.detach(), *expected_grads]):
+        torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
 
 
 def test_block_mask_on_neuron_equals_the_cpu_block_mask():

@@ -260,8 +260,9 @@ def torch_profiler_sessions_reach_neuron() -> None:
 def flex_attention_runs_under_aot_analysis() -> None:
     """AOTAutograd runs a compiled graph's first call under a dispatch mode that checks custom ops for
     aliasing; a higher-order op needs a rule for every mode it meets, and flex attention's ops, which
-    run between compiled pieces on neuron (ops/flex_attention.py), have none for this one, which only
-    watches: they run as if it were not there."""
+    run between compiled pieces on neuron when their subgraphs hold an op without a lowering
+    (ops/flex_attention.py), have none for this one, which only watches: they run as if it were not
+    there."""
     from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
     from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
 

@@ -33,7 +33,6 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ops import collectives, registry, rules
-from ..ops.flex_attention import EAGER_HOPS
 from .executable import CompiledGraph
 from .stats import counters, eager_ops, host_ops
 
@@ -67,12 +66,23 @@ def decompositions() -> dict:
 def supported(target, with_collectives: bool = False) -> bool:
     """Whether a graph node's op runs inside a compiled program (collectives: in a graph whose
     collectives share one process group, see ops.collectives)."""
-    if target in EAGER_HOPS:
-        return False
     if not isinstance(target, torch._ops.OpOverload):
         return True
     op = rules.rule(target)
     return op.compiles or (with_collectives and op.collective is not None)
+
+
+def node_supported(gm: torch.fx.GraphModule, node, with_collectives: bool = False) -> bool:
+    """`supported`, and for a higher-order op, every op of its subgraphs (flex attention's score_mod and
+    mask_mod run inside its lowering; with an op the table lacks, the op runs eagerly between pieces)."""
+    if not supported(node.target, with_collectives):
+        return False
+    if not (isinstance(node.target, torch._ops.HigherOrderOperator) and node.target in registry.LOWERINGS):
+        return True
+    subgraphs = [getattr(gm, a.target) for a in pytree.tree_leaves((node.args, node.kwargs))
+                 if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+    return all(node_supported(subgraph, inner) for subgraph in subgraphs for inner in subgraph.graph.nodes
+               if inner.op == "call_function")
 
 
 def on_device(node) -> bool:
@@ -100,7 +110,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs):
             continue
         if not on_device(node):
             on_host.append(node.target)
-        elif not supported(node.target, with_collectives):
+        elif not node_supported(gm, node, with_collectives):
             missing.append(node.target)
     if not missing and not on_host:
         return CompiledGraph(gm)
@@ -164,18 +174,18 @@ def _load_graph(serialized: bytes, fake_mode) -> torch.fx.GraphModule:
 
 
 class _Support(OperatorSupportBase):
-    def __init__(self, with_collectives: bool):
-        self.with_collectives = with_collectives
+    def __init__(self, gm: torch.fx.GraphModule, with_collectives: bool):
+        self.gm, self.with_collectives = gm, with_collectives
 
     def is_node_supported(self, submodules, node) -> bool:
-        return node.op == "call_function" and supported(node.target, self.with_collectives) and on_device(node)
+        return node.op == "call_function" and node_supported(self.gm, node, self.with_collectives) and on_device(node)
 
 
 def split_into_pieces(gm: torch.fx.GraphModule, with_collectives: bool = False) -> torch.fx.GraphModule:
     """The graph with each maximal run of ops that compile on the device replaced by one compiled piece."""
     # on a copy: the partitioner rewrites its graph in place, and a precompiled function saves the original
     gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    partitioner = CapabilityBasedPartitioner(gm, _Support(with_collectives), allows_single_node_partition=True)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(gm, with_collectives), allows_single_node_partition=True)
     split = partitioner.partition_and_fuse()
     for node in list(split.graph.nodes):
         if node.op == "call_module":

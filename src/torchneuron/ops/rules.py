@@ -168,6 +168,14 @@ def _cast_like(value, meta):
     return value
 
 
+def _like_meta(value, meta):
+    """A higher-order op's results in the structure and dtypes of its fake results (nested tuples, None
+    where PyTorch gives no tensor: a gradient nothing asked for)."""
+    if isinstance(meta, (tuple, list)):
+        return tuple(_like_meta(v, m) for v, m in zip(value, meta))
+    return None if meta is None else _cast_like(value, meta)
+
+
 def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
     return run_graph_with_inputs(gm, inputs, key)[0]
 
@@ -187,8 +195,11 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
             target = node.target
             if not isinstance(target, torch._ops.OpOverload):
-                # getitem and the arithmetic of symbolic sizes: plain Python on static values
-                env[node] = target(*args, **kwargs)
+                # a higher-order op with a lowering (flex attention: its subgraphs are arguments), else getitem
+                # and the arithmetic of symbolic sizes, plain Python on static values
+                lowering = registry.LOWERINGS.get(target)
+                env[node] = target(*args, **kwargs) if lowering is None else _like_meta(lowering(*args, **kwargs),
+                                                                                        node.meta.get("val"))
                 continue
             op = rule(target)
             lowering = op.lowering if op.lowering is not None else op.collective
