@@ -33,7 +33,8 @@ def run(sizes) -> list:
     block_mask = create_block_mask(_causal, sizes["batch"], None, sizes["length"], sizes["length"], device="neuron",
                                    BLOCK_SIZE=sizes["block"])
     rows = []
-    for mode, attention in (("eager", flex_attention), ("compiled", torch.compile(flex_attention, backend=neuron_backend))):
+    compiled = torch.compile(flex_attention, backend=neuron_backend)
+    for mode, attention in (("eager", flex_attention), ("compiled", compiled)):
         def forward():
             with torch.no_grad():
                 return attention(q, k, v, score_mod=_relative, block_mask=block_mask)

@@ -141,7 +141,8 @@ def test_compiled_flex_attention_in_one_program_matches_the_cpu(name):
 def test_with_a_subgraph_op_the_table_lacks_compiled_flex_attention_runs_between_compiled_pieces(monkeypatch):
     """An op of score_mod without a lowering (mul here, as if it had none) cannot run inside the lowering:
     the graph splits around flex attention's ops, which run PyTorch's dense implementation eagerly."""
-    monkeypatch.setattr(backend, "supported", lambda target, with_collectives=False: target != torch.ops.aten.mul.Tensor)
+    monkeypatch.setattr(backend, "supported",
+                        lambda target, with_collectives=False: target != torch.ops.aten.mul.Tensor)
     torch._dynamo.reset()
     neuron_compile.reset()
     out, grads = _run(torch.compile(flex_attention, backend="neuron"), "neuron")

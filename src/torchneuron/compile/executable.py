@@ -131,8 +131,8 @@ class CompiledGraph:
 
 
 def _flat_container(spec):
-    """`tuple` or `list` if the graph returns one of tensors and numbers (AOTAutograd's graphs do, None gradients
-    aside), built directly: unflattening visits each output (50 us a call for a forward saving 95 activations)."""
+    """`tuple` or `list` if the graph returns a flat one (AOTAutograd's graphs do; None is a leaf), built
+    directly: unflattening visits each output (50 us a call for a forward saving 95 activations)."""
     if spec.type in (tuple, list) and spec.num_leaves == spec.num_children == spec.num_nodes - 1:
         return spec.type
     return None

@@ -103,7 +103,8 @@ def flex_attention_backward_lowering(query, key, value, out, logsumexp, grad_out
     logsumexp, grad_logsumexp = logsumexp * _LN2, grad_logsumexp / _LN2
     scores = _scores(query, full_key, scale)
     grid = _grid(scores)
-    learnable = [i for i, b in enumerate(score_mod_buffers) if hasattr(b, "dtype") and jnp.issubdtype(b.dtype, jnp.inexact)]
+    learnable = [i for i, buffer in enumerate(score_mod_buffers)
+                 if hasattr(buffer, "dtype") and jnp.issubdtype(buffer.dtype, jnp.inexact)]
 
     def score_mod(scores, *learnable_values):
         buffers = list(score_mod_buffers)
