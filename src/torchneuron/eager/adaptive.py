@@ -33,7 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import events, sync
 from ..runtime.cache import ExecutableCache
-from ..runtime.program import compile_on_device
+from ..runtime.program import compile_on_device, fast_call
 from ..runtime.storage import Pending
 from ..runtime.transfer import scalar_key
 
@@ -183,10 +183,12 @@ def _fused_program(ops, n_values, external_values, kept):
 
 
 def _compile_and_run(key, ops, n_values, external_values, kept, device_index, *externals):
-    """A queue structure's second sighting: its fused program compiled, cached and run."""
+    """A queue structure's second sighting: its fused program compiled, run, and cached as eager executables
+    keep theirs (JAX's C++ call, which the first call sets)."""
     fused = compile_on_device(_fused_program(ops, n_values, external_values, kept), device_index, externals)
-    fused_cache.put(key, fused)
-    return fused(*externals)
+    results = fused(*externals)
+    fused_cache.put(key, fast_call(fused))
+    return results
 
 
 def _replay(ops, n_values, external_values, externals, kept, device_index):
