@@ -1,5 +1,8 @@
 """The patches of torchneuron/patches.py that reshape PyTorch behaviour, one test each."""
 import io
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -46,3 +49,30 @@ def test_load_with_map_location_neuron():
     loaded = torch.load(buffer, map_location="neuron")
     assert loaded["x"].device.type == "neuron" and loaded["nested"][0].device.type == "neuron"
     torch.testing.assert_close(loaded["x"].cpu(), torch.arange(3.0))
+
+
+TORCH_COMPILE_WITHOUT_THE_NEURON_BACKEND = """
+import sys, torch
+import torchneuron
+from torch.nn.attention.flex_attention import flex_attention
+x = torch.arange(3.0).to("neuron")
+results = [torch.compile(lambda t: t * 2 + 1, backend=backend)(x).cpu().tolist()
+           for backend in ("inductor", "aot_eager", "eager")]
+q, k, v = (torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+out = flex_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), score_mod=lambda s, b, h, m, n: s + (m - n) / 8)
+expected = flex_attention(q, k, v, score_mod=lambda s, b, h, m, n: s + (m - n) / 8)
+torch.testing.assert_close(out.cpu(), expected)
+print(results)
+"""
+
+
+def test_torch_compile_with_any_backend_traces_neuron_tensors_in_a_fresh_process():
+    """Dynamo wraps neuron tensors as tensors once the compile patches are in: `torch.compile` applies them, so a
+    process that never imported the neuron backend compiles with Inductor, "eager" or "aot_eager", and eager
+    flex_attention (which compiles its op with "eager") runs. Before, each raised "Unsupported method call"."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", TORCH_COMPILE_WITHOUT_THE_NEURON_BACKEND], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str([[1.0, 3.0, 5.0]] * 3)

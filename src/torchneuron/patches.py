@@ -166,6 +166,23 @@ def inductor_hands_neuron_graphs_to_neuron() -> None:
     torch._TorchCompileInductorWrapper.__call__ = __call__
 
 
+@_patch
+def torch_compile_applies_the_compile_patches() -> None:
+    """Dynamo needs the compile patches below before it wraps a tensor, whatever the backend: `torch.compile(fn)`
+    with Inductor (which hands neuron graphs to `neuron`), "eager" or "aot_eager", and eager `flex_attention`,
+    which compiles its higher-order op with the "eager" backend, would otherwise see neuron tensors as
+    user-defined objects ("Unsupported method call"). They are applied at the first `torch.compile`, not at
+    import: that would import Dynamo into every `import torch` (about a second)."""
+    original = torch.compile
+
+    @functools.wraps(original)
+    def compile(*args, **kwargs):
+        apply_compile()
+        return original(*args, **kwargs)
+
+    torch.compile = compile
+
+
 # --- compile patches ---------------------------------------------------------------
 
 
@@ -338,6 +355,7 @@ def apply() -> None:
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     inductor_hands_neuron_graphs_to_neuron()
+    torch_compile_applies_the_compile_patches()
     matrix_rank_out_writes_its_out()
     apply.done = True
 
