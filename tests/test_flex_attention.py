@@ -108,10 +108,12 @@ def _written_out(q, k, v, score_mod, mask_fn):
     return torch.where(empty, 0, torch.softmax(scores, dim=-1)) @ v, lse
 
 
+@pytest.mark.parametrize("how", ["eager", "compiled"])
 @pytest.mark.parametrize("name", ["grouped query heads", "learnable bias", "captured mask buffer, empty rows"])
-def test_compiled_flex_attention_in_one_program_matches_the_cpu(name):
-    """Compiled, the attention is part of the forward's and the backward's programs: its output,
-    logsumexp, and the gradients of query, key, value and a captured learnable buffer, against the CPU."""
+def test_flex_attention_variants_match_the_cpu(name, how):
+    """Output, logsumexp, and the gradients of query, key, value and a captured learnable buffer, against the
+    CPU. Compiled, the attention is part of the forward's and the backward's programs; eager, PyTorch's
+    joint graph of a score_mod capturing a learnable neuron tensor meets it among its fake tensors."""
     results = {}
     for device in ("cpu", "neuron"):
         score_mod, mask_fn, captured, kv_heads = _variant(name, device)
@@ -125,8 +127,9 @@ def test_compiled_flex_attention_in_one_program_matches_the_cpu(name):
                                                                         BLOCK_SIZE=16)
             torch._dynamo.reset()
             neuron_compile.reset()
-            out, lse = torch.compile(flex_attention, backend="neuron")(
-                q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=kv_heads != H, return_lse=True)
+            attention = flex_attention if how == "eager" else torch.compile(flex_attention, backend="neuron")
+            out, lse = attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=kv_heads != H,
+                                 return_lse=True)
             assert neuron_compile.report()["eager_ops"] == {}
         loss = (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device)).sum()
         (loss + torch.where(lse.isinf(), 0, lse).sum()).backward()

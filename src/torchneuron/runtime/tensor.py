@@ -1,7 +1,9 @@
 """The neuron tensor: a torch.Tensor whose payload is a view of a device Storage."""
 import copy
+import functools
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..native import _C as native
 from . import memory
@@ -22,6 +24,13 @@ class NeuronTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if len(types) != 1 and any(t is not NeuronTensor for t in types):
+            fake_mode = _fake_mode_taking_real_tensors(types, args, kwargs)
+            if fake_mode is not None:
+                # as a fake mode takes a plain tensor among its fake ones, as a constant: a neuron tensor captured
+                # by a function PyTorch traces with fake tensors (flex attention's score_mod, for its joint graph)
+                args, kwargs = torch.utils._pytree.tree_map_only(
+                    NeuronTensor, functools.partial(fake_mode.from_tensor, static_shapes=True), (args, kwargs or {}))
+                return func(*args, **kwargs)
             # another tensor subclass takes part (funcol's AsyncCollectiveTensor, ...): it unwraps to neuron
             # tensors first and dispatches again
             return NotImplemented
@@ -74,6 +83,14 @@ class NeuronTensor(torch.Tensor):
         if self.dim() == 0:
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
+
+
+def _fake_mode_taking_real_tensors(types, args, kwargs):
+    """The mode of the fake tensors among an op's arguments, if it takes real tensors (allow_non_fake_inputs)."""
+    if FakeTensor not in types:
+        return None
+    fake = next(t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if type(t) is FakeTensor)
+    return fake.fake_mode if fake.fake_mode.allow_non_fake_inputs else None
 
 
 def _dispatch(func, args, kwargs):
