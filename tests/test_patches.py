@@ -62,14 +62,18 @@ q, k, v = (torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(i)) f
 out = flex_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), score_mod=lambda s, b, h, m, n: s + (m - n) / 8)
 expected = flex_attention(q, k, v, score_mod=lambda s, b, h, m, n: s + (m - n) / 8)
 torch.testing.assert_close(out.cpu(), expected)
+linear = torch.nn.Linear(3, 2).to("neuron")
+exported = torch.export.export(linear, (x[None],), strict=True).module()
+torch.testing.assert_close(exported(x[None]).cpu(), linear(x[None]).cpu())
 print(results)
 """
 
 
 def test_torch_compile_with_any_backend_traces_neuron_tensors_in_a_fresh_process():
-    """Dynamo wraps neuron tensors as tensors once the compile patches are in: `torch.compile` applies them, so a
-    process that never imported the neuron backend compiles with Inductor, "eager" or "aot_eager", and eager
-    flex_attention (which compiles its op with "eager") runs. Before, each raised "Unsupported method call"."""
+    """Dynamo wraps neuron tensors as tensors once the compile patches are in: `torch.compile` and
+    `torch.export.export` apply them, so a process that never imported the neuron backend compiles with
+    Inductor, "eager" or "aot_eager", runs eager flex_attention (which compiles its op with "eager") and
+    exports strictly. Before, each raised ("Unsupported method call", "UserDefinedObjectVariable")."""
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", TORCH_COMPILE_WITHOUT_THE_NEURON_BACKEND], env=env,

@@ -167,20 +167,20 @@ def inductor_hands_neuron_graphs_to_neuron() -> None:
 
 
 @_patch
-def torch_compile_applies_the_compile_patches() -> None:
+def compile_and_export_apply_the_compile_patches() -> None:
     """Dynamo needs the compile patches below before it wraps a tensor, whatever the backend: `torch.compile(fn)`
-    with Inductor (which hands neuron graphs to `neuron`), "eager" or "aot_eager", and eager `flex_attention`,
-    which compiles its higher-order op with the "eager" backend, would otherwise see neuron tensors as
-    user-defined objects ("Unsupported method call"). They are applied at the first `torch.compile`, not at
-    import: that would import Dynamo into every `import torch` (about a second)."""
-    original = torch.compile
+    with Inductor (which hands neuron graphs to `neuron`), "eager" or "aot_eager", eager `flex_attention`
+    (which compiles its op with the "eager" backend) and strict `torch.export.export` would otherwise see
+    neuron tensors as user-defined objects ("Unsupported method call"). They are applied at the first call of
+    either, not at import: that would import Dynamo into every `import torch` (about a second)."""
+    for module, name in ((torch, "compile"), (torch.export, "export")):
+        original = getattr(module, name)
 
-    @functools.wraps(original)
-    def compile(*args, **kwargs):
-        apply_compile()
-        return original(*args, **kwargs)
+        def patched_first(*args, _original=original, **kwargs):
+            apply_compile()
+            return _original(*args, **kwargs)
 
-    torch.compile = compile
+        setattr(module, name, functools.wraps(original)(patched_first))
 
 
 # --- compile patches ---------------------------------------------------------------
@@ -355,7 +355,7 @@ def apply() -> None:
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     inductor_hands_neuron_graphs_to_neuron()
-    torch_compile_applies_the_compile_patches()
+    compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()
     apply.done = True
 
