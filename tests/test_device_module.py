@@ -226,3 +226,31 @@ def test_accelerator_empty_host_cache_once_the_device_is_in_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "2.0"]
+
+
+def test_accumulated_memory_statistics_their_reset_and_the_summary():
+    torch.neuron.synchronize()
+    torch.accelerator.reset_accumulated_memory_stats()  # routed to torch.neuron (PyTorch's asserted: no DeviceAllocator)
+    base = torch.neuron.memory_allocated()
+    x = torch.empty(1024, device="neuron")
+    y = torch.empty(256, device="neuron")
+    del x
+    stats = torch.neuron.memory_stats()
+    assert stats["allocation.all.allocated"] == 2
+    assert stats["allocated_bytes.all.allocated"] == 4 * (1024 + 256)
+    assert stats["allocated_bytes.all.freed"] == 4 * 1024
+    assert stats["allocated_bytes.all.current"] == base + 4 * 256
+    assert torch.neuron.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["freed"] == 4 * 1024
+    summary = torch.neuron.memory_summary()
+    assert "memory summary, device ID 0" in summary and "5.00 KiB" in summary and "4.00 KiB" in summary
+    torch.neuron.reset_accumulated_memory_stats()
+    stats = torch.neuron.memory_stats()
+    assert stats["allocation.all.allocated"] == stats["allocated_bytes.all.freed"] == 0
+    del y
+    assert torch.neuron.memory_stats()["allocated_bytes.all.freed"] == 4 * 256
+
+
+def test_device_memory_info_through_torch_accelerator():
+    free, total = torch.accelerator.get_memory_info()  # PyTorch's asserted: neuron has no C++ DeviceAllocator
+    assert total == torch.neuron.mem_get_info()[1] and 0 < free <= total
+    assert 0 < torch.neuron.device_memory_used() <= total

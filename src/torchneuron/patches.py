@@ -113,11 +113,12 @@ def tied_parameters_on_conversion() -> None:
 def accelerator_api_routes_to_torch_neuron():
     """torch.accelerator.memory_* read a C++ DeviceAllocator's statistics; neuron's memory is accounted
     in Python (device buffers are PJRT's), and empty_host_cache asks for a C++ HostAllocator that neuron
-    does not register (it crashed once the device was in use). When neuron is the current accelerator these
+    does not register (it crashed once the device was in use; get_memory_info and
+    reset_accumulated_memory_stats failed an internal assert). When neuron is the current accelerator these
     calls go to torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
     accelerator = torch.accelerator
 
-    def route(name):
+    def route(name, neuron_name=None):
         original = getattr(accelerator, name, None)
         if original is None:
             return
@@ -125,14 +126,16 @@ def accelerator_api_routes_to_torch_neuron():
         @functools.wraps(original)
         def routed(*args, **kwargs):
             if accelerator.current_accelerator().type == "neuron":
-                return getattr(torch.neuron, name)(*args, **kwargs)
+                return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
             return original(*args, **kwargs)
 
         setattr(accelerator, name, routed)
 
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                 "memory_stats", "reset_peak_memory_stats", "empty_cache", "empty_host_cache"):
+                 "memory_stats", "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache",
+                 "empty_host_cache"):
         route(name)
+    route("get_memory_info", "mem_get_info")
 
 
 @_patch

@@ -185,21 +185,80 @@ reset_max_memory_allocated = reset_peak_memory_stats
 def memory_stats(device=None) -> dict:
     """CUDA's statistics by CUDA's names, for the tools that read them (TorchTitan's memory monitor).
     PJRT allocates each buffer as it is made and frees it when it dies: there is no caching allocator,
-    so reserved equals allocated equals active, and an allocation is never retried."""
+    so reserved equals allocated equals active, and an allocation is never retried. The accumulated
+    figures (`.allocated`, `.freed`, the allocation count, `num_ooms`) count from the last
+    `reset_accumulated_memory_stats`."""
     index = _index(device)
     account = _memory().account(index)
     stats = {"num_alloc_retries": 0, "num_ooms": account.ooms, "allocation.all.allocated": account.allocations}
     for name in ("allocated_bytes", "active_bytes", "reserved_bytes", "requested_bytes"):
         stats[f"{name}.all.current"] = account.allocated
         stats[f"{name}.all.peak"] = account.peak
+        stats[f"{name}.all.allocated"] = account.allocated_total
+        stats[f"{name}.all.freed"] = account.freed_bytes()
     for name, value in (_jax_device(index).memory_stats() or {}).items():
         stats[f"pjrt.{name}"] = value
     return stats
 
 
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """`memory_stats` with its dotted names as nested dictionaries, as torch.cuda's."""
+    nested = {}
+    for name, value in memory_stats(device).items():
+        *path, leaf = name.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    _memory().reset_accumulated(_index(device))
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of the memory statistics, as torch.cuda's: what PyTorch holds on the device now,
+    at its peak, allocated and freed since the last reset; then what the device itself reports.
+    `abbreviated` is accepted for torch.cuda's signature: there is one pool, so nothing to abbreviate."""
+    index = _index(device)
+    memory = _memory()
+    account = memory.account(index)
+    free, total = memory.free_and_total(index)
+    width = 75
+    rule, double_rule = "|" + "-" * width + "|", "|" + "=" * width + "|"
+
+    def row(*cells):
+        return "| " + cells[0].ljust(21) + "".join(f" | {c:>10}" for c in cells[1:]) + " |"
+
+    lines = [
+        double_rule,
+        "|" + f"PyTorch neuron memory summary, device ID {index}".center(width) + "|",
+        rule,
+        "|" + "no caching allocator: reserved memory is allocated memory".center(width) + "|",
+        rule,
+        row("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"),
+        rule,
+        row("Allocated memory", *(memory.size_text(n) for n in (
+            account.allocated, account.peak, account.allocated_total, account.freed_bytes()))),
+        row("Allocations", "", "", str(account.allocations), ""),
+        rule,
+        "| " + f"Allocations refused (OOMs): {account.ooms}".ljust(width - 1) + "|",
+        "| " + f"Device: {memory.size_text(total - free)} used of {memory.size_text(total)}".ljust(width - 1) + "|",
+        double_rule,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def mem_get_info(device=None):
     """(free, total) bytes of the device: PJRT's figures, or the host's on XLA:CPU."""
     return _memory().free_and_total(_index(device))
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes in use on the device by every process, as the device reports them (the host's on XLA:CPU)."""
+    free, total = mem_get_info(device)
+    return total - free
 
 
 def empty_cache() -> None:

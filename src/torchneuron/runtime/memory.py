@@ -12,20 +12,35 @@ from .platform import jax_device
 
 
 class Account:
-    __slots__ = ("allocated", "peak", "allocations", "ooms")
+    """Bytes held now and at the peak; since the last reset of the accumulated statistics, the allocations
+    made, their bytes, and the allocations refused. Freed bytes follow from these (see `freed_bytes`), so
+    a storage's death updates one figure."""
+
+    __slots__ = ("allocated", "peak", "allocations", "allocated_total", "allocated_at_reset", "ooms")
 
     def __init__(self):
         self.allocated = 0
         self.peak = 0
         self.allocations = 0
+        self.allocated_total = 0
+        self.allocated_at_reset = 0
         self.ooms = 0  # allocations refused for lack of device memory
 
     def allocate(self, nbytes: int) -> None:
         """One allocation of `nbytes` (a new storage, or the new size of a resized one)."""
         self.allocations += 1
+        self.allocated_total += nbytes
         self.allocated += nbytes
         if self.allocated > self.peak:
             self.peak = self.allocated
+
+    def freed_bytes(self) -> int:
+        """Bytes freed since the last reset of the accumulated statistics."""
+        return self.allocated_at_reset + self.allocated_total - self.allocated
+
+    def reset_accumulated(self) -> None:
+        self.allocations = self.allocated_total = self.ooms = 0
+        self.allocated_at_reset = self.allocated
 
 
 class _Accounts(dict):
@@ -44,6 +59,10 @@ def account(device_index: int) -> Account:
 def reset_peak(device_index: int) -> None:
     a = accounts[device_index]
     a.peak = a.allocated
+
+
+def reset_accumulated(device_index: int) -> None:
+    accounts[device_index].reset_accumulated()
 
 
 def free_and_total(device_index: int) -> tuple:
@@ -72,7 +91,7 @@ def _worth_asking(device_index: int) -> int:
     return free_and_total(device_index)[1] // 4
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if nbytes < 1024 or unit == "TiB":
             return f"{nbytes:.2f} {unit}"
@@ -88,9 +107,9 @@ def check_fits(nbytes: int, device_index: int) -> None:
     if nbytes > free:
         accounts[device_index].ooms += 1
         raise torch.OutOfMemoryError(
-            f"neuron out of memory. Tried to allocate {_size(nbytes)} ({nbytes} bytes). neuron:{device_index} has a "
-            f"total capacity of {_size(total)} of which {_size(free)} is free; PyTorch holds "
-            f"{_size(accounts[device_index].allocated)} of it."
+            f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). neuron:{device_index} has a "
+            f"total capacity of {size_text(total)} of which {size_text(free)} is free; PyTorch holds "
+            f"{size_text(accounts[device_index].allocated)} of it."
         )
 
 
