@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (registration side effects)
     optim,
     pooling,
     random,
+    recurrent,
     reductions,
     shape,
     sorting,
