@@ -80,3 +80,26 @@ def test_torch_compile_with_any_backend_traces_neuron_tensors_in_a_fresh_process
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == str([[1.0, 3.0, 5.0]] * 3)
+
+
+def test_ctc_loss_takes_lengths_as_host_tensors():
+    """The usual call: lengths as CPU tensors with device log-probabilities (the composite kernel's path for
+    tensor subclasses failed: "Expected all tensors to be on the same device")."""
+    log_probs = torch.randn(10, 2, 5).log_softmax(-1)
+    targets = torch.randint(1, 5, (2, 4))
+    lengths = (torch.tensor([10, 9]), torch.tensor([4, 3]))
+    results = {}
+    for device in ("cpu", "neuron"):
+        leaf = log_probs.to(device).detach().requires_grad_()
+        loss = torch.nn.CTCLoss()(leaf, targets.to(device), *lengths)
+        loss.backward()
+        results[device] = (loss, leaf.grad)
+    for got, expected in zip(results["neuron"], results["cpu"]):
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    try:
+        torch.nn.functional.ctc_loss(log_probs.to("neuron"), targets.to("neuron"), lengths[0].float(), lengths[1])
+    except RuntimeError as error:
+        assert str(error) == "input_lengths must be integral"
+    else:
+        raise AssertionError("float lengths were accepted")

@@ -62,3 +62,20 @@ def test_cells_double_backward_and_a_single_output_gradient(cls):
         results[device] = (fused, differentiable, leaf.grad)
     for got, expected in zip(results["neuron"], results["cpu"]):
         assert_same(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_sequences_through_an_lstm_match_the_cpu():
+    """pack_padded_sequence keeps `batch_sizes` on the host, as CUDA's does (the CPU fallback moved them to the
+    device and PackedSequence refused them); the packed LSTM and pad_packed_sequence read them there."""
+    cpu, neuron = _pair(torch.nn.LSTM)
+    x, lengths = torch.randn(3, 5, 6), torch.tensor([2, 5, 3])
+    results = {}
+    for device, model in (("cpu", cpu), ("neuron", neuron)):
+        leaf = x.to(device).detach().requires_grad_()
+        packed = torch.nn.utils.rnn.pack_padded_sequence(leaf, lengths, batch_first=True, enforce_sorted=False)
+        assert packed.batch_sizes.device.type == "cpu"
+        out, _ = torch.nn.utils.rnn.pad_packed_sequence(model(packed)[0], batch_first=True)
+        out.pow(2).sum().backward()
+        results[device] = (packed.data, out, leaf.grad, model.weight_hh_l0.grad)
+    for got, expected in zip(results["neuron"], results["cpu"]):
+        assert_same(got, expected, atol=1e-5, rtol=1e-5)

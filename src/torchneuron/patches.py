@@ -318,6 +318,26 @@ def matrix_rank_out_writes_its_out() -> None:
     _LIBRARIES.append(library)
 
 
+@_patch
+def ctc_loss_reads_tensor_lengths_on_the_host() -> None:
+    """ctc_loss's composite kernel for lengths given as tensors takes a path of its own for tensor subclasses
+    that divides the device loss by the target lengths where they are: CPU lengths, the usual kind, failed
+    ("Expected all tensors to be on the same device"). For neuron tensors it reads the lengths as numbers,
+    as it does for CUDA's, and takes the list overload."""
+    library = torch.library.Library("aten", "IMPL")
+
+    def with_host_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                          zero_infinity=False):
+        for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+            if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+                raise RuntimeError(f"{name} must be integral")
+        return torch.ops.aten.ctc_loss.IntList(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(),
+                                               blank, reduction, zero_infinity)
+
+    library.impl("ctc_loss.Tensor", with_host_lengths, "AutogradPrivateUse1")
+    _LIBRARIES.append(library)
+
+
 def compiled_optimizers_capture_on_neuron() -> None:
     """Dynamo traces an optimizer step with `capturable` on, and turns it on in the optimizer itself only
     for CUDA and XPU parameters (whose state it has not made yet); elsewhere the step counts stay CPU tensors,
@@ -360,6 +380,7 @@ def apply() -> None:
     inductor_hands_neuron_graphs_to_neuron()
     compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()
+    ctc_loss_reads_tensor_lengths_on_the_host()
     apply.done = True
 
 

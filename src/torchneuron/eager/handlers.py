@@ -428,6 +428,18 @@ def index_put(func, args, kwargs):
     return _computation(func)(func, (x, indices, *rest), kwargs)
 
 
+@handles(aten._pack_padded_sequence.default)
+def pack_padded_sequence(func, args, kwargs):
+    """The packed rows gathered on the device and `batch_sizes` on the host, as CUDA's kernel returns them
+    (PackedSequence refuses device batch sizes; the CPU fallback moved them). The lengths are host values
+    (pack_padded_sequence moves them there): the CPU kernel run on the rows' numbers says which rows go
+    where, and raises its own errors."""
+    x, lengths, batch_first = args
+    rows = torch.arange(math.prod(x.shape[:2])).reshape(x.shape[:2])
+    packed_rows, batch_sizes = func(rows, lengths, batch_first)
+    return x.flatten(0, 1).index_select(0, packed_rows.to(x.device)), batch_sizes
+
+
 @handles(aten.native_batch_norm.default)
 def native_batch_norm(func, args, kwargs):
     """Its schema does not mark the running statistics as written, though the kernel updates them:
