@@ -224,6 +224,25 @@ def tangents_accept_neuron_tensors() -> None:
 _RUNTIME_PACKAGES = ("torchneuron", "jax", "jaxlib")
 
 
+def proxy_tracing_takes_neuron_tensors_as_tensors() -> None:
+    """AOTAutograd's functionalization and make_fx's proxy mode handle exact tensor types only and leave
+    others to their own dispatch. A tensor made from data inside a compiled function (`torch.tensor([],
+    device="neuron")`, a KV cache's first keys) is a real neuron tensor there: unrecorded, its fake value
+    became the graph's constant, which no program can read. Taken as a plain tensor is taken, it is the
+    graph's constant and its lift an op of the graph."""
+    from torch._functorch._aot_autograd import runtime_wrappers
+    from torch._subclasses import functional_tensor
+    from torch.fx.experimental import proxy_tensor
+
+    if NeuronTensor in proxy_tensor.HANDLED_TYPES:
+        return
+    # runtime_wrappers imported the tuple by name: its analysis mode decides by it as well
+    proxy_tensor.HANDLED_TYPES = runtime_wrappers.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, NeuronTensor)
+    unrecognized = functional_tensor._has_unrecognized_tensor_types
+    functional_tensor._has_unrecognized_tensor_types = lambda types: unrecognized(
+        [t for t in types if t is not NeuronTensor])
+
+
 def dynamo_skips_torchneuron_frames() -> None:
     """Dynamo compiles every Python frame that runs while a compiled function is active and that is not
     in its skip list. Eager code between graphs (a graph break's `bool(tensor)`, an op run eagerly)
@@ -364,7 +383,7 @@ def compiled_optimizers_capture_on_neuron() -> None:
 
 
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
-                    dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis,
+                    proxy_tracing_takes_neuron_tensors_as_tensors, dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis,
                     compiled_optimizers_capture_on_neuron)
 
 
@@ -394,6 +413,7 @@ def applied() -> dict:
     """Which patches are in force, by name (the test suite asserts all are)."""
     from torch._dynamo.variables.builder import VariableBuilder
     from torch._dynamo.variables.optimizer import OptimizerVariable
+    from torch.fx.experimental import proxy_tensor
 
     runtime = {name: getattr(apply, "done", False) for name in _APPLIED}
     return runtime | {
@@ -401,6 +421,7 @@ def applied() -> dict:
             VariableBuilder._type_dispatch_impl, "neuron_patched", False
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
+        "proxy_tracing_takes_neuron_tensors_as_tensors": NeuronTensor in proxy_tensor.HANDLED_TYPES,
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),

@@ -248,3 +248,23 @@ def test_compiled_training_holds_no_more_memory_than_eager():
     compiled(*fresh).backward(grad)
     del fresh
     assert torch.neuron.memory_allocated() == base
+
+
+def _cat_to_empty(x):
+    return torch.cat([torch.tensor([], device=x.device), x]) * 2
+
+
+def _scaled_by_a_table(x):
+    return x * torch.tensor([1.0, 2.0, 3.0], device=x.device)
+
+
+@pytest.mark.parametrize("backend", ["neuron", "aot_eager"])
+@pytest.mark.parametrize("f", [_cat_to_empty, _scaled_by_a_table])
+def test_tensors_made_from_data_inside_a_compiled_function(f, backend):
+    """`torch.tensor(data, device=x.device)` inside the function (a KV cache's first, empty keys; a constant
+    table) is made for real while tracing: taken as a plain tensor is, it is the graph's constant. Before,
+    Dynamo failed (a real neuron tensor met fake ones), and past Dynamo the graph held its fake value."""
+    fast = torch.compile(f, backend=backend, fullgraph=True)
+    x = torch.randn(3)
+    for _ in range(2):
+        torch.testing.assert_close(fast(_neuron(x)).cpu(), f(x))

@@ -121,6 +121,20 @@ _CPP_NAMES = {
 }
 
 
+@handles(aten.lift_fresh.default, aten.lift_fresh_copy.default)
+def lift_fresh(func, args, kwargs):
+    """A tensor made from data (`torch.tensor([], device="neuron")`) in a function Dynamo traces is made for real,
+    as PyTorch makes every such tensor with the Python key excluded, then lifted under the fake mode, which
+    takes a plain tensor as a constant but leaves subclasses to themselves: the neuron tensor is taken as a
+    plain one would be (before, the real tensor met fake ones in the next op and Dynamo failed)."""
+    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if fake_mode is not None:
+        return fake_mode.from_tensor(args[0], static_shapes=True)
+    if func is aten.lift_fresh.default:
+        return views.view(func, args, kwargs)
+    return _computation(func)(func, args, kwargs)
+
+
 @handles(aten.fill_.Scalar, aten.fill.Scalar)
 def fill(func, args, kwargs):
     """The CPU refuses a fill value its dtype cannot hold (`torch.full(..., 1000.0, dtype=float8_e4m3fn)`);
