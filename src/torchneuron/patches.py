@@ -192,12 +192,18 @@ def compile_and_export_apply_the_compile_patches() -> None:
 def dynamo_wraps_neuron_tensors_as_tensors() -> None:
     """Dynamo's VariableBuilder wraps a tensor as a TensorVariable only for its exact type table
     (Tensor, Parameter, FakeTensor, FunctionalTensor) or when `__torch_dispatch__` is Tensor's own;
-    anything else becomes a user-defined object and Dynamo traces into our dispatcher."""
+    anything else becomes a user-defined object and Dynamo traces into our dispatcher. Wrapped, it is a
+    plain tensor's TensorVariable, not the subclass variable of a tensor with a `__torch_function__` (ours is
+    disabled): higher-order ops check their tensors' variable type exactly (`torch.cond` refused a neuron
+    predicate as "improper")."""
+    from torch._dynamo.variables import builder
     from torch._dynamo.variables.builder import VariableBuilder
 
     original = VariableBuilder._type_dispatch_impl
     if getattr(original, "neuron_patched", False):
         return
+    infer_subclass_type = builder.infer_subclass_type
+    builder.infer_subclass_type = lambda value: None if type(value) is NeuronTensor else infer_subclass_type(value)
     unwrapped = original.__func__.__wrapped__
 
     @functools.cache

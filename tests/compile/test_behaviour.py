@@ -268,3 +268,42 @@ def test_tensors_made_from_data_inside_a_compiled_function(f, backend):
     x = torch.randn(3)
     for _ in range(2):
         torch.testing.assert_close(fast(_neuron(x)).cpu(), f(x))
+
+
+def _branching(x, w):
+    y = x * w
+    return torch.cond(y.sum() > 0, lambda t: (t.sin() * w,), lambda t: (t.cos() + w,), (y,))[0].sum()
+
+
+def _doubling(x):
+    return torch._higher_order_ops.while_loop(
+        lambda i, t: i < 3, lambda i, t: (i + 1, t * 2), (torch.tensor(0, device=x.device), x))[1]
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_torch_cond_eager_and_compiled_into_the_program_with_gradients(sign):
+    """`torch.cond` on neuron runs eagerly (PyTorch's dense rule, registered for neuron tensors) and compiles
+    into the graph's own program (lax.cond): one graph each way, nothing eager. Before, eager refused a
+    neuron predicate ("improper predicate") and the compiled graph called the op on JAX values."""
+    x, w = torch.full((4,), sign), torch.randn(4)
+    results = {}
+    for name, device, f in (("cpu", "cpu", _branching), ("eager", "neuron", _branching),
+                            ("compiled", "neuron", torch.compile(_branching, backend="neuron", fullgraph=True))):
+        leaves = [t.to(device).detach().requires_grad_() for t in (x, w)]
+        out = f(*leaves)
+        out.backward()
+        results[name] = [out.detach(), *(leaf.grad for leaf in leaves)]
+    for name in ("eager", "compiled"):
+        for got, expected in zip(results[name], results["cpu"]):
+            torch.testing.assert_close(got.cpu(), expected)
+    report = neuron_compile.report()
+    assert report["graphs"] == 2 and report["eager_ops"] == {}  # forward and backward, each one program
+
+
+def test_while_loop_eager_and_compiled():
+    x = torch.randn(4)
+    expected = _doubling(x)
+    torch.testing.assert_close(_doubling(_neuron(x)).cpu(), expected)
+    compiled = torch.compile(_doubling, backend="neuron", fullgraph=True)
+    torch.testing.assert_close(compiled(_neuron(x)).cpu(), expected)
+    assert neuron_compile.report()["eager_ops"] == {}

@@ -66,6 +66,9 @@ def decompositions() -> dict:
 def supported(target, with_collectives: bool = False) -> bool:
     """Whether a graph node's op runs inside a compiled program (collectives: in a graph whose
     collectives share one process group, see ops.collectives)."""
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        # one without a lowering runs eagerly between pieces: its subgraphs are not the lowering table's
+        return target in registry.LOWERINGS
     if not isinstance(target, torch._ops.OpOverload):
         return True
     op = rules.rule(target)

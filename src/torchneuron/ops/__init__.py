@@ -7,6 +7,7 @@ from . import registry  # noqa: F401
 from . import (  # noqa: F401  (registration side effects)
     attention,
     checks,
+    control_flow,
     elementwise,
     factories,
     fft,
