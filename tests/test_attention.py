@@ -180,3 +180,58 @@ def test_attention_memory_stays_far_below_the_score_matrix(compiled):
     run(q, k, v, grad)
     torch.neuron.synchronize()
     assert torch.neuron.max_memory_allocated() <= 40 * 2**20
+
+
+def _module_pair(make):
+    torch.manual_seed(0)
+    cpu, neuron = make().eval(), make().to("neuron").eval()
+    neuron.load_state_dict(cpu.state_dict())
+    return cpu, neuron
+
+
+_CAUSAL = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+_PADDED = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+_EMPTY_ROW = torch.tensor([[False] * 5, [True] * 5])  # every key excluded: nan, as on the CPU
+
+
+@pytest.mark.parametrize("attn_mask, key_padding_mask", [(None, None), (_CAUSAL, None), (None, _PADDED),
+                                                         (_CAUSAL, _PADDED), (None, _EMPTY_ROW)])
+def test_multihead_attention_inference_fast_path_matches_the_cpu(attn_mask, key_padding_mask):
+    """Under no_grad in eval mode nn.MultiheadAttention self-attention (torchvision's ViT) is one fused op,
+    `_native_multi_head_attention`, which ran on the CPU before it was lowered (ops/transformer.py)."""
+    fallback.reset()
+    cpu, neuron = _module_pair(lambda: torch.nn.MultiheadAttention(16, 2, batch_first=True))
+    x = torch.randn(2, 5, 16)
+    x_neuron = x.to("neuron")
+
+    def on(device, t):
+        return None if t is None else t.to(device)
+
+    with torch.no_grad():
+        expected = cpu(x, x, x, need_weights=False, attn_mask=attn_mask, key_padding_mask=key_padding_mask)[0]
+        got = neuron(x_neuron, x_neuron, x_neuron, need_weights=False, attn_mask=on("neuron", attn_mask),
+                     key_padding_mask=on("neuron", key_padding_mask))[0]
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert fallback.report() == {}
+
+
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+@pytest.mark.parametrize("mask, padding", [(None, None), (_CAUSAL, None), (None, _PADDED)])
+def test_transformer_encoder_inference_fast_path_matches_the_cpu(norm_first, activation, mask, padding):
+    """Under no_grad in eval mode each nn.TransformerEncoderLayer is one fused op,
+    `_transformer_encoder_layer_fwd`, which ran on the CPU before it was lowered."""
+    fallback.reset()
+
+    def make():
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation=activation, batch_first=True,
+                                                 norm_first=norm_first)
+        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    cpu, neuron = _module_pair(make)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        expected = cpu(x, mask=mask, src_key_padding_mask=padding)
+        got = neuron(x.to("neuron"), mask=None if mask is None else mask.to("neuron"),
+                     src_key_padding_mask=None if padding is None else padding.to("neuron"))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert fallback.report() == {}

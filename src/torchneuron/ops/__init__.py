@@ -25,5 +25,6 @@ from . import (  # noqa: F401  (registration side effects)
     shape,
     sorting,
     special_functions,
+    transformer,
 )
 from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)
