@@ -235,3 +235,13 @@ def test_transformer_encoder_inference_fast_path_matches_the_cpu(norm_first, act
                      src_key_padding_mask=None if padding is None else padding.to("neuron"))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
     assert fallback.report() == {}
+
+
+def test_transformer_encoder_nested_tensor_path_is_refused_with_its_remedy():
+    """With a padding mask under no_grad, nn.TransformerEncoder (enable_nested_tensor=True, the default) packs
+    its input into a nested tensor, which neuron cannot hold: a NotImplementedError saying how to avoid it,
+    not PyTorch's "Could not run 'aten::_to_copy' with arguments from the 'NestedTensorneuron' backend"."""
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2).to("neuron").eval()
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+        encoder(torch.randn(2, 5, 16, device="neuron"), src_key_padding_mask=_PADDED.to("neuron"))

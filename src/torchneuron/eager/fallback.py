@@ -82,15 +82,22 @@ def run_on_cpu(func, args, kwargs):
 
     def to_neuron(value):
         if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided:
+            if value.layout != torch.strided or value.is_nested:
+                kind = "nested" if value.is_nested else str(value.layout)
                 raise NotImplementedError(
-                    f"torchneuron: {name} returns a {value.layout} tensor; only torch.strided tensors live on neuron"
+                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron. "
+                    + _NESTED_HINT * value.is_nested + "Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
             return original if original is not None else value.to(device)
         return value
 
     return tree_map(to_neuron, out)
+
+
+# the one place PyTorch makes nested tensors of a user's dense ones
+_NESTED_HINT = ("nn.TransformerEncoder makes one under no_grad when given a padding mask: construct it with "
+                "enable_nested_tensor=False. ")
 
 
 def _is_neuron(device) -> bool:
