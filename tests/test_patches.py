@@ -103,3 +103,21 @@ def test_ctc_loss_takes_lengths_as_host_tensors():
         assert str(error) == "input_lengths must be integral"
     else:
         raise AssertionError("float lengths were accepted")
+
+
+def test_lazy_modules_move_once_initialized_and_are_refused_before():
+    """An uninitialized parameter cannot become a neuron tensor of its class: moving a lazy module before its
+    first forward is refused with the remedy (before, it became an empty ordinary parameter and the first
+    forward failed on its size)."""
+    import pytest
+
+    model = torch.nn.Sequential(torch.nn.LazyLinear(3), torch.nn.LazyBatchNorm1d())
+    with pytest.raises(NotImplementedError, match="run one forward on the CPU first"):
+        model.to("neuron")
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        model(x)
+    model.to("neuron").eval()
+    with torch.no_grad():
+        got = model(x.to("neuron")).cpu()
+        torch.testing.assert_close(got, model.cpu()(x))

@@ -74,8 +74,11 @@ def _holds_neuron(module) -> bool:
 def _swapping(method, targets_neuron):
     @functools.wraps(method)
     def convert(self, *args, **kwargs):
-        if not (targets_neuron(*args, **kwargs) or _holds_neuron(self)):
+        to_neuron = targets_neuron(*args, **kwargs)
+        if not (to_neuron or _holds_neuron(self)):
             return method(self, *args, **kwargs)
+        if to_neuron:
+            _refuse_uninitialized(self)
         previous = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
         # swap_tensors swaps the objects' __dict__ too: attributes set on a parameter (vLLM's weight loaders)
@@ -90,6 +93,19 @@ def _swapping(method, targets_neuron):
                     parameter.__dict__.setdefault(name, value)
 
     return convert
+
+
+def _refuse_uninitialized(module) -> None:
+    """A lazy module's parameters cannot move to neuron before their first forward: an uninitialized
+    parameter is a subclass of the tensor it moves, and a neuron tensor cannot be re-classed so (moved, it
+    became an ordinary empty parameter, and the first forward failed on its size)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(isinstance(t, torch.nn.parameter.UninitializedTensorMixin) for t in tensors):
+        raise NotImplementedError(
+            f"torchneuron: {type(module).__name__} has uninitialized (lazy) parameters or buffers, which cannot "
+            "move to neuron yet: run one forward on the CPU first (a dummy batch initializes them), then move "
+            "the module. Please report it at the project's issue tracker if you need this."
+        )
 
 
 def _to_neuron(*args, **kwargs) -> bool:
