@@ -242,3 +242,33 @@ def test_a_view_of_a_storage_of_another_dtype_gets_its_own_program():
     for same_view in (ints, floats):
         assert_same(same_view.to("neuron") + 1, same_view + 1)
     assert_same(torch.tensor([1.0, 2.0, 3.0], device="neuron").view(torch.int32) + 1, floats + 1)
+
+
+def test_assigning_data_rebinds_the_tensor_to_the_new_one():
+    """`t.data = new` (weight initialisation, EMA, Module.half/float/to(dtype)) is made in C++ without a dispatch:
+    the neuron tensor then views `new`'s storage, shape and dtype. Before, it reported the new shape and dtype
+    and computed with its old values."""
+    results = {}
+    for device in ("cpu", "neuron"):
+        parameter = torch.nn.Parameter(torch.zeros(2, device=device))
+        new = torch.arange(4.0, device=device)
+        parameter.data = new
+        new[0] = 7  # the parameter views the assigned tensor's storage
+        results[device] = (parameter + 0, parameter.data)
+        assert parameter.requires_grad and isinstance(parameter, torch.nn.Parameter)
+    for got, expected in zip(results["neuron"], results["cpu"]):
+        assert_same(got.detach(), expected.detach())
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        torch.zeros(2, device="neuron").data = torch.zeros(2)
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.double()])
+def test_module_dtype_conversions_on_the_device(convert):
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4, 3)
+    neuron = convert(torch.nn.Linear(4, 3).to("neuron"))
+    neuron.load_state_dict(convert(cpu).state_dict())
+    x = torch.randn(2, 4, dtype=cpu.weight.dtype)
+    out = neuron(x.to("neuron"))
+    assert out.dtype == cpu.weight.dtype and neuron.weight._storage.dtype == cpu.weight.dtype
+    assert_same(out.detach(), cpu(x).detach(), atol=1e-2, rtol=1e-2)

@@ -36,6 +36,19 @@ class NeuronTensor(torch.Tensor):
             return NotImplemented
         return _dispatch(func, args, kwargs or {})
 
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        # `t.data = new` (Module.half/float/to(dtype) on neuron parameters, weight initialisation, EMA) makes the
+        # native tensor `new`'s view in C++ without a dispatch; the view kept here follows, or the tensor would
+        # report the new shape and dtype and compute with its old values
+        _TENSOR_DATA.__set__(self, new)
+        if isinstance(new, NeuronTensor):
+            self._storage, self._spec = new._storage, new._spec
+
     def __reduce_ex__(self, protocol):
         # PyTorch pickles a wrapper subclass with a (data-less) storage as an empty wrapper, losing the values;
         # pickle it as PyTorch pickles XLA tensors: a host copy rebuilt on the device, no class to allowlist
@@ -83,6 +96,9 @@ class NeuronTensor(torch.Tensor):
         if self.dim() == 0:
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
+
+
+_TENSOR_DATA = torch._C.TensorBase.data
 
 
 def _fake_mode_taking_real_tensors(types, args, kwargs):
