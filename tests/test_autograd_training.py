@@ -133,3 +133,22 @@ def test_batchnorm_running_statistics(train):
     assert_same(neuron.running_mean, cpu.running_mean)
     assert_same(neuron.running_var, cpu.running_var)
     assert_same(neuron.num_batches_tracked, cpu.num_batches_tracked)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_dropout_with_the_forward_mask(reentrant):
+    """Checkpointing saves the device's random state only when the device module says it is initialised
+    (`_initialized`, as torch.cuda's): without it the recomputed dropout drew a new mask in backward and the
+    gradients were silently wrong."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 8)).to("neuron")
+    x = torch.randn(4, 8, device="neuron")
+    grads = []
+    for run in (lambda t: checkpoint(model, t, use_reentrant=reentrant), model):
+        leaf = x.detach().requires_grad_()
+        torch.manual_seed(1)
+        run(leaf).sum().backward()
+        grads.append(leaf.grad)
+    assert_same(grads[0], grads[1].cpu())

@@ -23,6 +23,12 @@ def is_initialized() -> bool:
     return True
 
 
+# read as torch.cuda's by PyTorch code that must not initialise a device by accident: activation checkpointing
+# saves and restores the device's random state only if it is set (without it, dropout recomputed in backward
+# drew a new mask and the gradients were wrong)
+_initialized = True
+
+
 def _lazy_init() -> None:
     return None
 
