@@ -152,3 +152,18 @@ def test_activation_checkpointing_recomputes_dropout_with_the_forward_mask(reent
         run(leaf).sum().backward()
         grads.append(leaf.grad)
     assert_same(grads[0], grads[1].cpu())
+
+
+def test_weight_norm_parametrization_gradients_on_the_device():
+    """`_weight_norm_interface_backward` is lowered (it ran on the CPU)."""
+    torchneuron.eager.fallback.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3))
+    neuron = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3)).to("neuron")
+    neuron.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 4)
+    cpu(x).pow(2).sum().backward()
+    neuron(x.to("neuron")).pow(2).sum().backward()
+    for expected, got in zip(cpu.parameters(), neuron.parameters()):
+        assert_same(got.grad, expected.grad, atol=1e-5, rtol=1e-5)
+    assert torchneuron.fallback_report() == {}

@@ -121,3 +121,22 @@ def test_lazy_modules_move_once_initialized_and_are_refused_before():
     with torch.no_grad():
         got = model(x.to("neuron")).cpu()
         torch.testing.assert_close(got, model.cpu()(x))
+
+
+def test_modules_whose_parameters_a_live_graph_holds_still_move():
+    """Moving swaps each parameter in place, which PyTorch refuses for a tensor a live autograd graph holds:
+    the old nn.utils.weight_norm keeps its computed weight (and that graph) on the module, and a loss may not
+    be backpropagated yet. Those parameters move as new objects instead (before: "Couldn't swap")."""
+    torch.manual_seed(0)
+    cpu = torch.nn.utils.weight_norm(torch.nn.Linear(4, 3))
+    neuron = torch.nn.utils.weight_norm(torch.nn.Linear(4, 3)).to("neuron")
+    neuron.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 4)
+    cpu(x).pow(2).sum().backward()
+    neuron(x.to("neuron")).pow(2).sum().backward()
+    for expected, got in zip(cpu.parameters(), neuron.parameters()):
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.grad.cpu(), expected.grad, atol=1e-5, rtol=1e-5)
+    model = torch.nn.Linear(3, 3).to("neuron")
+    pending_loss = model(torch.randn(2, 3, device="neuron")).sum()
+    assert model.cpu().weight.device.type == "cpu" and pending_loss.requires_grad

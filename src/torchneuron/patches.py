@@ -86,6 +86,14 @@ def _swapping(method, targets_neuron):
         attributes = [(p, dict(p.__dict__)) for p in self.parameters() if p.__dict__]
         try:
             return method(self, *args, **kwargs)
+        except RuntimeError as error:
+            if "Couldn't swap" not in str(error):
+                raise
+            # a parameter a live autograd graph holds cannot be swapped in place (the old nn.utils.weight_norm
+            # keeps the weight it computed, and its graph, on the module; or a loss not yet backpropagated):
+            # those left move as new Parameter objects, as PyTorch moves them between such devices without swapping
+            torch.__future__.set_swap_module_params_on_conversion(False)
+            return method(self, *args, **kwargs)
         finally:
             torch.__future__.set_swap_module_params_on_conversion(previous)
             for parameter, saved in attributes:

@@ -9,7 +9,7 @@ from jax import lax
 
 from ..runtime.dtypes import to_torch
 from . import checks
-from .rules import vjp
+from .rules import lowering_for, vjp
 from .pooling import per_dim, window_slice
 from .promotion import cast, elementwise, opmath, scalar_type_name
 from .registry import META, checked_meta, lower, meta_like_input
@@ -717,3 +717,9 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1)
     return weight.at[flat].set((rows * scale).astype(weight.dtype))
 
+
+
+@lower(aten._weight_norm_interface_backward)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    forward = lowering_for(aten._weight_norm_interface.default)
+    return vjp(lambda v, g: forward(v, g, dim)[0], grad_w, (saved_v, saved_g))

@@ -140,12 +140,12 @@ def min_dim(x, dim, keepdim=False):
     return amin(x, [dim], keepdim) if x.ndim else x, _arg_extreme(x, dim, keepdim, _argmin)
 
 
-@lower(aten.all.default, aten.all.dim, aten.all.dims)
+@lower(aten.all.default, aten.all.dim, aten.all.dims, aten._is_all_true)
 def all_(x, dim=None, keepdim=False):
     return jnp.all(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower(aten.any.default, aten.any.dim, aten.any.dims)
+@lower(aten.any.default, aten.any.dim, aten.any.dims, aten._is_any_true)
 def any_(x, dim=None, keepdim=False):
     return jnp.any(x, axis=_axes(x, dim), keepdims=keepdim)
 
