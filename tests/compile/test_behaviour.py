@@ -307,3 +307,20 @@ def test_while_loop_eager_and_compiled():
     compiled = torch.compile(_doubling, backend="neuron", fullgraph=True)
     torch.testing.assert_close(compiled(_neuron(x)).cpu(), expected)
     assert neuron_compile.report()["eager_ops"] == {}
+
+
+def _shift_right(ids):
+    shifted = ids.new_zeros(ids.shape)
+    shifted[:, 1:] = ids[:, :-1].clone()
+    shifted[:, 0] = 1
+    return shifted
+
+
+def test_integer_ops_on_symbolic_strides_compile():
+    """The CPU's dtype checks of a graph's integer ops run on zeros, which symbolic strides cannot size (a
+    column of a dynamic-length batch, as Whisper's shift_tokens_right writes): such ops are not asked. Before,
+    PyTorch's "SymIntArrayRef expected to contain only concrete integers" was taken for a refusal."""
+    fast = torch.compile(_shift_right, backend="neuron", dynamic=True)
+    for length in (6, 5):
+        ids = torch.randint(2, 100, (2, length))
+        torch.testing.assert_close(fast(_neuron(ids)).cpu(), _shift_right(ids))

@@ -169,13 +169,19 @@ def _cpu_dtype_refusal(gm):
             if not _is_op(node):
                 continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-            leaves = pytree.tree_leaves((args, kwargs))
-            if any(isinstance(v, torch.SymInt) for t in leaves if isinstance(t, torch.Tensor) for v in t.shape):
-                continue
+            if any(_symbolic(leaf) for leaf in pytree.tree_leaves((args, kwargs))):
+                continue  # the CPU cannot run it on zeros of symbolic sizes (a dynamic graph)
             error = cpu_dtypes.refusal(node.target, args, kwargs)
             if error is not None:
                 return error
     return None
+
+
+def _symbolic(value) -> bool:
+    """A symbolic number, or a tensor whose sizes or strides are symbolic."""
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(v, torch.SymInt) for v in (*value.shape, *value.stride()))
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _is_op(node) -> bool:
