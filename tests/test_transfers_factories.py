@@ -1,5 +1,7 @@
 """Transfers between host and device, factories, serialization."""
 
+import re
+
 import pytest
 import torch
 
@@ -231,3 +233,24 @@ def test_device_copy_does_not_alias_host_memory(numel):
     z.copy_(x)
     x.add_(1)  # a later CPU write must not show through
     assert y.sum().item() == 0 and z.sum().item() == 0
+
+
+def test_numpy_is_refused_as_for_cuda_tensors_unless_forced():
+    import numpy as np
+
+    x = torch.arange(4.0, device="neuron", requires_grad=True)
+    message = "can't convert neuron:0 device type tensor to numpy. Use Tensor.cpu()"
+    for convert in (lambda: x.numpy(), lambda: np.asarray(x)):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            convert()
+    assert x.numpy(force=True).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_tensors_from_lists_of_zero_dim_device_tensors():
+    """PyTorch reads each element's value below the Python key (`_local_scalar_dense` on the device's own
+    kernel), which neuron lacked: torch.tensor([loss0, loss1]) raised NotImplementedError."""
+    x = torch.arange(4.0, device="neuron")
+    assert torch.tensor([x[0], x[3]]).tolist() == [0.0, 3.0]
+    assert torch.as_tensor([x[1], x[2]]).tolist() == [1.0, 2.0]
+    on_device = torch.tensor([x[2], x[3]], device="neuron")
+    assert on_device.device.type == "neuron" and on_device.cpu().tolist() == [2.0, 3.0]

@@ -40,8 +40,10 @@ def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memor
     return torch.zeros(size, dtype=dtype, layout=layout, device=device)
 
 
-# factories with neither a tensor argument nor a device-generic kernel: PyTorch calls the device's own kernel
-_TENSORLESS_FACTORIES = ("tril_indices", "triu_indices")
+# ops PyTorch calls on the device's own kernel, below the Python key: factories with neither a tensor argument
+# nor a device-generic kernel, and reading a 0-d tensor's value, which torch.tensor([t0, t1]) and
+# torch.as_tensor of a list of 0-d tensors do for each element
+_DEVICE_KERNELS = ("tril_indices", "triu_indices", "_local_scalar_dense")
 # composite ops whose decomposition skips, for devices other than the CPU, checks the CPU makes
 _UNCHECKED_COMPOSITES = ("one_hot", "max_pool1d")
 
@@ -83,7 +85,7 @@ def register() -> None:
     library.impl("empty_strided", _empty_strided, "PrivateUse1")
     library.impl("_copy_from", _copy_from, "PrivateUse1")
     library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
-    for name in _TENSORLESS_FACTORIES:
+    for name in _DEVICE_KERNELS:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "PrivateUse1")
     for name in _UNCHECKED_COMPOSITES:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "AutogradPrivateUse1")

@@ -88,6 +88,13 @@ class NeuronTensor(torch.Tensor):
         # PyTorch names subclasses in the prefix; users of a device expect plain `tensor(`
         return "tensor(" + text[len(type(self).__name__) + 1 :]
 
+    def numpy(self, *, force: bool = False):
+        # as a CUDA tensor refuses (PyTorch's message for subclasses names no remedy); np.asarray comes here too
+        if not force:
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                            "tensor to host memory first.")
+        return self.detach().cpu().numpy()
+
     def tolist(self):
         # PyTorch refuses tolist() on subclasses; the values are plain device data
         return self.detach().cpu().tolist()
