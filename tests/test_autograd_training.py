@@ -167,3 +167,19 @@ def test_weight_norm_parametrization_gradients_on_the_device():
     for expected, got in zip(cpu.parameters(), neuron.parameters()):
         assert_same(got.grad, expected.grad, atol=1e-5, rtol=1e-5)
     assert torchneuron.fallback_report() == {}
+
+
+def test_forward_mode_ad_on_the_device():
+    """Dual tensors: make_dual asks `_has_same_storage_numel`, answered from the storages' sizes (it was a CPU
+    fallback copying both tensors to the host)."""
+    import torch.autograd.forward_ad as fwAD
+
+    torchneuron.eager.fallback.reset()
+    x, tangent = torch.randn(3), torch.randn(3)
+    tangents = {}
+    for device in ("cpu", "neuron"):
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x.to(device), tangent.to(device))
+            tangents[device] = fwAD.unpack_dual((dual.sin() * 2).exp()).tangent
+    assert_same(tangents["neuron"], tangents["cpu"])
+    assert torchneuron.fallback_report() == {}

@@ -175,6 +175,13 @@ def allclose(func, args, kwargs):
     return bool(aten.all.default(aten.isclose.default(*args, **kwargs)).item())
 
 
+@handles(aten._has_same_storage_numel.default)
+def has_same_storage_numel(func, args, kwargs):
+    """Metadata (forward-mode AD asks it of each dual tensor): the storages' sizes, not a CPU copy of them."""
+    base, other = args
+    return base.untyped_storage().nbytes() // base.itemsize == other.untyped_storage().nbytes() // other.itemsize
+
+
 @handles(aten.is_pinned.default)
 def is_pinned(func, args, kwargs):
     return False
