@@ -324,3 +324,22 @@ def test_integer_ops_on_symbolic_strides_compile():
     for length in (6, 5):
         ids = torch.randint(2, 100, (2, length))
         torch.testing.assert_close(fast(_neuron(ids)).cpu(), _shift_right(ids))
+
+
+def test_compiled_activation_checkpointing_replays_dropout():
+    """Checkpointed random ops in a compiled graph save the generator's state and replay it in backward
+    (run_and_save_rng_state / run_with_rng_state, run between the compiled pieces): the gradients equal eager
+    ones without checkpointing for the same seed. Before, the graph called them on JAX values and failed."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 8)).to("neuron")
+    x = torch.randn(4, 8, device="neuron")
+    compiled = torch.compile(lambda t: checkpoint(model, t, use_reentrant=False).sum(), backend="neuron")
+    grads = []
+    for run in (compiled, lambda t: model(t).sum()):
+        leaf = x.detach().requires_grad_()
+        torch.manual_seed(1)
+        run(leaf).backward()
+        grads.append(leaf.grad.cpu())
+    torch.testing.assert_close(grads[0], grads[1])

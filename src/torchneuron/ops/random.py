@@ -5,8 +5,10 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 from ..runtime.dtypes import to_jax
+from ..runtime.tensor import NeuronTensor
 from . import checks
 from .promotion import scalar_type_name
 from .reductions import running_sum
@@ -177,3 +179,31 @@ def randint_like(key, x, *bounds, generator=None, dtype=None, layout=None, devic
                  memory_format=None):
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64)
+
+
+def _device_module_of(args, kwargs):
+    device = next(t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                  and t.device.type != "cpu")
+    return torch.get_device_module(device), device
+
+
+def _run_and_save_rng_state(op, *args, **kwargs):
+    module, device = _device_module_of(args, kwargs)
+    return module.get_rng_state(device), op(*args, **kwargs)
+
+
+def _run_with_rng_state(rng_state, op, *args, **kwargs):
+    module, device = _device_module_of(args, kwargs)
+    current = module.get_rng_state(device)
+    module.set_rng_state(rng_state.cpu(), device)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        module.set_rng_state(current, device)
+
+
+# A compiled graph whose random ops activation checkpointing recomputes in backward saves the generator's state
+# before each one and replays it: these higher-order ops run between the graph's compiled pieces, as CUDA's
+# rules (PyTorch has none for other devices) save and set its generator's state
+run_and_save_rng_state.py_impl(NeuronTensor)(_run_and_save_rng_state)
+run_with_rng_state.py_impl(NeuronTensor)(_run_with_rng_state)
