@@ -343,3 +343,53 @@ def test_compiled_activation_checkpointing_replays_dropout():
         run(leaf).backward()
         grads.append(leaf.grad.cpu())
     torch.testing.assert_close(grads[0], grads[1])
+
+
+@torch.compiler.nested_compile_region
+def _block(x, w):
+    return (x @ w).relu()
+
+
+@torch.library.custom_op("torchneuron_tests::scale_", mutates_args=("x",))
+def _scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+def _mutates_through_a_custom_op(x):
+    y = x * 2
+    _scale_(y, 3.0)
+    return y + 1
+
+
+def _scanned(xs):
+    from torch._higher_order_ops.scan import scan
+
+    return scan(lambda c, x: (c + x, (c + x) * 2), torch.zeros(3, device=xs.device), xs)[1]
+
+
+def _mapped(xs, y):
+    from functorch.experimental.control_flow import map as control_flow_map
+
+    return control_flow_map(lambda x, y: x * y + 1, xs, y)
+
+
+def test_nested_compile_regions_are_part_of_the_program():
+    def f(x, w):
+        return _block(_block(x, w), w).sum()
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    torch.testing.assert_close(torch.compile(f, backend="neuron", fullgraph=True)(_neuron(x), _neuron(w)).cpu(),
+                               f(x, w))
+    assert neuron_compile.report()["eager_ops"] == {}
+
+
+@pytest.mark.parametrize("f, shapes", [(_mutates_through_a_custom_op, [(3,)]), (_scanned, [(5, 3)]),
+                                       (_mapped, [(4, 3), (3,)])])
+def test_higher_order_ops_without_a_lowering_run_between_compiled_pieces(f, shapes):
+    """A higher-order op the table cannot lower (a mutating custom op's auto_functionalized, scan, map) runs
+    eagerly between the graph's compiled pieces with PyTorch's dense rule, registered for neuron tensors when
+    the graph is compiled. Before, the graph called it on JAX values, or PyTorch had no rule for neuron."""
+    inputs = [torch.randn(shape) for shape in shapes]
+    got = torch.compile(f, backend="neuron")(*map(_neuron, inputs))
+    torch.testing.assert_close(got.cpu(), f(*inputs))
+    assert neuron_compile.report()["eager_ops"]

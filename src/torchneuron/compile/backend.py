@@ -32,7 +32,7 @@ from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..ops import collectives, registry, rules
+from ..ops import collectives, control_flow, registry, rules
 from .executable import CompiledGraph
 from .stats import counters, eager_ops, host_ops
 
@@ -122,11 +122,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs):
     if missing:
         for op in missing:
             eager_ops[str(op)] += 1
+        _run_higher_order_ops_eagerly(gm)
         warnings.warn(
             f"torchneuron: no lowering for {sorted({str(op) for op in missing})}; torch.compile runs them "
             "eagerly between compiled pieces (see torchneuron.compile.report())"
         )
     return _Boxed(split_into_pieces(gm, with_collectives))
+
+
+def _run_higher_order_ops_eagerly(gm: torch.fx.GraphModule) -> None:
+    """Every higher-order op of the graph and its subgraphs, one of which runs between compiled pieces, gets
+    its dense rule for neuron tensors (an op inside an eager branch runs eagerly too)."""
+    for module in gm.modules():
+        for node in module.graph.nodes:
+            if isinstance(node.target, torch._ops.HigherOrderOperator):
+                control_flow.dense_rule_for_neuron(node.target)
 
 
 class NeuronCode(OutputCode):

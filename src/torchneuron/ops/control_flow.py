@@ -1,22 +1,37 @@
-"""Control flow on neuron: `torch.cond` and `while_loop`, eager and compiled.
+"""Higher-order ops on neuron: control flow (`torch.cond`, `while_loop`), nested compile regions, and the
+rule that runs any other one op by op.
 
-Eager, each runs PyTorch's own dense implementation (the predicate read on the host, then the branch or
-the loop body as ordinary ops): a higher-order op reaches a tensor subclass's kernel only through a rule
-registered for the subclass. In a compiled graph each becomes XLA's own control flow (`lax.cond`,
-`lax.while_loop`) in the graph's program, its branches and body run through the lowering table, so a
-data-dependent predicate costs no host round trip and no graph break.
+Eagerly, a higher-order op reaches a tensor subclass only through a rule registered for the subclass; each
+runs PyTorch's own dense rule (its CompositeExplicitAutograd kernel: the predicate read on the host, then the
+branch, loop body or subgraph as ordinary ops). `torch.cond` and `while_loop` get it at import, as eager code
+calls them; any other (scan, map, a mutating custom op's auto_functionalized) when a compiled graph that
+cannot lower it runs it between its compiled pieces (`dense_rule_for_neuron`). In a compiled graph `cond`
+and `while_loop` become XLA's own control flow (`lax.cond`, `lax.while_loop`) and a nested compile region
+its subgraph, in the graph's program, run through the lowering table: a data-dependent predicate costs no
+host round trip and no graph break.
 """
 import jax.numpy as jnp
 from jax import lax
-from torch._higher_order_ops.cond import cond_op, cond_op_dense
-from torch._higher_order_ops.while_loop import while_loop_dense, while_loop_op
+from torch._C import DispatchKey
+from torch._higher_order_ops.cond import cond_op
+from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+from torch._higher_order_ops.while_loop import while_loop_op
 
 from ..runtime.tensor import NeuronTensor
 from .registry import lower
 from .rules import run_graph
 
-cond_op.py_impl(NeuronTensor)(cond_op_dense)
-while_loop_op.py_impl(NeuronTensor)(while_loop_dense)
+
+def dense_rule_for_neuron(hop) -> None:
+    """PyTorch's dense rule of `hop` as its rule for neuron tensors, which it otherwise lacks ("no rule
+    registered for HOP ... and subclass")."""
+    dense = hop.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
+    if dense is not None and NeuronTensor not in hop.python_key_table:
+        hop.py_impl(NeuronTensor)(dense)
+
+
+dense_rule_for_neuron(cond_op)
+dense_rule_for_neuron(while_loop_op)
 
 
 def _outputs(graph, values) -> tuple:
@@ -45,3 +60,8 @@ def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
 
     return lax.while_loop(lambda carried: _flag(_outputs(cond_graph, carried + additional)[0]), step,
                           tuple(jnp.asarray(c) for c in carried_inputs))
+
+
+@lower(invoke_subgraph)
+def nested_compile_region(subgraph, identifier, *operands):
+    return _outputs(subgraph, operands)
