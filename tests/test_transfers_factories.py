@@ -254,3 +254,13 @@ def test_tensors_from_lists_of_zero_dim_device_tensors():
     assert torch.as_tensor([x[1], x[2]]).tolist() == [1.0, 2.0]
     on_device = torch.tensor([x[2], x[3]], device="neuron")
     assert on_device.device.type == "neuron" and on_device.cpu().tolist() == [2.0, 3.0]
+
+
+def test_host_copies_are_resizable_as_cpu_tensors_are():
+    """A host copy owns torch memory (one wrapping numpy's could not be resized: a CPU kernel resizing the
+    fallback's copy of a written argument failed)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64):
+        host = torch.ones(3, dtype=dtype).to("neuron").cpu()
+        assert host.untyped_storage().resizable()
+        host.resize_(5)
+        assert host[:3].tolist() == torch.ones(3, dtype=dtype).tolist()

@@ -78,6 +78,8 @@ def run_on_cpu(func, args, kwargs):
     written = {id(value) for value in flatten(written_arguments(func, cpu_args, cpu_kwargs))}
     for neuron, cpu in copies.values():
         if id(cpu) in written:
+            if neuron.shape != cpu.shape:
+                neuron.resize_(cpu.shape)  # the kernel resized what it writes (an out=, an observer's state)
             neuron.copy_(cpu)
 
     def to_neuron(value):

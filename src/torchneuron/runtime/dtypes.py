@@ -1,4 +1,6 @@
 """torch dtype <-> JAX dtype."""
+import ctypes
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -100,14 +102,23 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def numpy_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor owning a copy of `array`, whose dtype corresponds to `dtype`."""
-    array = np.array(array, copy=True)
+    """A CPU tensor owning a copy of `array`, whose dtype corresponds to `dtype`: memory of its own, resizable as
+    any CPU tensor's (one wrapping numpy's memory is not: a kernel resizing a host copy failed)."""
+    array = np.asarray(array)
     if dtype == torch.complex32:
-        return torch.from_numpy(array).to(dtype)
+        return _owned_copy(array, torch.complex64).to(dtype)
     if dtype in _BITCAST_FOR_HOST:
         carrier, _ = _BITCAST_FOR_HOST[dtype]
-        return torch.from_numpy(array.view(_NUMPY_CARRIER[carrier])).view(dtype)
-    return torch.from_numpy(array)
+        return _owned_copy(array.view(_NUMPY_CARRIER[carrier]), carrier).view(dtype)
+    return _owned_copy(array, dtype)
+
+
+def _owned_copy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    # one copy, into memory torch allocated (a numpy view of it, as copyto would need, makes it unresizable)
+    array = np.ascontiguousarray(array)
+    host = torch.empty(array.shape, dtype=dtype)
+    ctypes.memmove(host.data_ptr(), array.ctypes.data, array.nbytes)
+    return host
 
 
 _NUMPY_CARRIER = {torch.int16: np.int16, torch.int8: np.int8}
