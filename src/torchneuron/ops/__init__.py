@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (registration side effects)
     nn,
     optim,
     pooling,
+    quantization,
     random,
     recurrent,
     reductions,
