@@ -16,7 +16,7 @@ from jax import lax
 
 from .rules import vjp
 from .promotion import opmath
-from .registry import lower, meta_like_input
+from .registry import checked_meta, lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -154,7 +154,14 @@ def _fractional_starts(sample, length, out, kernel):
     return jnp.concatenate([steps, jnp.full(sample.shape + (1,), length - kernel, jnp.int32)], axis=-1)
 
 
-@lower(aten.fractional_max_pool2d, aten.fractional_max_pool3d)
+def _check_sample_dtype(x, kernel_size, output_size, random_samples):
+    # PyTorch's meta kernel of the 3-d op lacks the CPU kernel's check
+    if random_samples.dtype != x.dtype:
+        raise RuntimeError("Expect _random_samples to have the same dtype as input")
+
+
+@lower(aten.fractional_max_pool2d)
+@lower(aten.fractional_max_pool3d, meta=checked_meta(_check_sample_dtype, aten.fractional_max_pool3d.default))
 def fractional_max_pool(x, kernel_size, output_size, random_samples):
     n = len(output_size)
     # one sample per plane, the last spatial dim's first (an unbatched input has a batch of one)
