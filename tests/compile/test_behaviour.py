@@ -393,3 +393,20 @@ def test_higher_order_ops_without_a_lowering_run_between_compiled_pieces(f, shap
     got = torch.compile(f, backend="neuron")(*map(_neuron, inputs))
     torch.testing.assert_close(got.cpu(), f(*inputs))
     assert neuron_compile.report()["eager_ops"]
+
+
+def _dropout_in_a_branch(x):
+    return torch.cond(x.sum() > 0, lambda t: torch.nn.functional.dropout(t, 0.5, True), lambda t: t * 2, (x,))
+
+
+def test_a_random_op_inside_control_flow_runs_the_op_between_pieces():
+    """A lowered higher-order op's subgraphs get no random key, so one holding a random op runs eagerly with
+    PyTorch's dense rule, drawing from the generator as eager code does (before: "unexpected PRNG key type")."""
+    x = torch.ones(64, device="neuron")
+    torch.manual_seed(3)
+    expected = _dropout_in_a_branch(x).cpu()
+    torch.manual_seed(3)
+    got = torch.compile(_dropout_in_a_branch, backend="neuron", fullgraph=True)(x).cpu()
+    torch.testing.assert_close(got, expected)
+    assert set(got.tolist()) == {0.0, 2.0}
+    assert "cond" in str(neuron_compile.report()["eager_ops"])

@@ -77,15 +77,20 @@ def supported(target, with_collectives: bool = False) -> bool:
 
 def node_supported(gm: torch.fx.GraphModule, node, with_collectives: bool = False) -> bool:
     """`supported`, and for a higher-order op, every op of its subgraphs (flex attention's score_mod and
-    mask_mod run inside its lowering; with an op the table lacks, the op runs eagerly between pieces)."""
+    mask_mod, cond's branches run inside its lowering; with an op the table lacks, or a random op, whose key
+    a subgraph is not given, the op runs eagerly between pieces)."""
     if not supported(node.target, with_collectives):
         return False
     if not (isinstance(node.target, torch._ops.HigherOrderOperator) and node.target in registry.LOWERINGS):
         return True
     subgraphs = [getattr(gm, a.target) for a in pytree.tree_leaves((node.args, node.kwargs))
                  if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
-    return all(node_supported(subgraph, inner) for subgraph in subgraphs for inner in subgraph.graph.nodes
-               if inner.op == "call_function")
+    return all(node_supported(subgraph, inner) and not _random(inner) for subgraph in subgraphs
+               for inner in subgraph.graph.nodes if inner.op == "call_function")
+
+
+def _random(node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and rules.rule(node.target).random
 
 
 def on_device(node) -> bool:
