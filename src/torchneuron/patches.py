@@ -413,8 +413,8 @@ def compiled_optimizers_capture_on_neuron() -> None:
 
 
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
-                    proxy_tracing_takes_neuron_tensors_as_tensors, dynamo_skips_torchneuron_frames, flex_attention_runs_under_aot_analysis,
-                    compiled_optimizers_capture_on_neuron)
+                    proxy_tracing_takes_neuron_tensors_as_tensors, dynamo_skips_torchneuron_frames,
+                    flex_attention_runs_under_aot_analysis, compiled_optimizers_capture_on_neuron)
 
 
 def apply() -> None:

@@ -88,7 +88,7 @@ def run_on_cpu(func, args, kwargs):
                 kind = "nested" if value.is_nested else str(value.layout)
                 raise NotImplementedError(
                     f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron. "
-                    + _NESTED_HINT * value.is_nested + "Please report the op at the project's issue tracker."
+                    + (_NESTED_HINT if value.is_nested else "") + "Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
             return original if original is not None else value.to(device)

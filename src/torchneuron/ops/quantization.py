@@ -38,7 +38,8 @@ def _with_mask(x):
 # any value, and the dispatcher then raises the CPU kernel's own error; a zero point out of range in a tensor
 # is a value, checked on the device.
 def _per_tensor_meta(x, scale, zero_point, quant_min, quant_max):
-    torch._check(quant_min <= zero_point <= quant_max, lambda: "`zero_point` must be between `quant_min` and `quant_max`.")
+    torch._check(quant_min <= zero_point <= quant_max,
+                 lambda: "`zero_point` must be between `quant_min` and `quant_max`.")
     return _with_mask(x)
 
 
@@ -48,8 +49,8 @@ def _tensor_qparams_meta(x, scale, zero_point, fake_quant_enabled, quant_min, qu
 
 
 def _per_channel_meta(x, scale, zero_point, axis, quant_min, quant_max):
-    torch._check(scale.dtype in (torch.float32, torch.bfloat16) and zero_point.dtype in (torch.int32, torch.float32,
-                                                                                          torch.float16)
+    torch._check(scale.dtype in (torch.float32, torch.bfloat16)
+                 and zero_point.dtype in (torch.int32, torch.float32, torch.float16)
                  and scale.dim() == zero_point.dim() == 1 and scale.numel() == zero_point.numel()
                  and 0 <= axis < x.dim() and scale.numel() == x.shape[axis] and quant_min <= quant_max,
                  lambda: "fake_quantize_per_channel_affine: arguments the CPU kernel refuses")

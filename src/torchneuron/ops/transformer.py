@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from .nn import native_layer_norm
 from .promotion import opmath
 from .registry import lower
 
@@ -63,9 +64,7 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
 
 
 def _layer_norm(x, weight, bias, eps):
-    mean = x.mean(-1, keepdims=True)
-    variance = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(variance + eps) * opmath(weight) + opmath(bias)
+    return native_layer_norm(x, (x.shape[-1],), weight, bias, eps)[0]
 
 
 @lower(aten._transformer_encoder_layer_fwd)
@@ -79,8 +78,8 @@ def transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, p
                           mask_type)[0]
 
     def feed_forward(x):
-        return activation(x @ opmath(ffn_weight_1).T + opmath(ffn_bias_1)) @ opmath(ffn_weight_2).T + opmath(
-            ffn_bias_2)
+        hidden = activation(x @ opmath(ffn_weight_1).T + opmath(ffn_bias_1))
+        return hidden @ opmath(ffn_weight_2).T + opmath(ffn_bias_2)
 
     x = opmath(src)
     if norm_first:

@@ -107,8 +107,8 @@ def check_fits(nbytes: int, device_index: int) -> None:
     if nbytes > free:
         accounts[device_index].ooms += 1
         raise torch.OutOfMemoryError(
-            f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). neuron:{device_index} has a "
-            f"total capacity of {size_text(total)} of which {size_text(free)} is free; PyTorch holds "
+            f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). neuron:{device_index} "
+            f"has a total capacity of {size_text(total)} of which {size_text(free)} is free; PyTorch holds "
             f"{size_text(accounts[device_index].allocated)} of it."
         )
 
