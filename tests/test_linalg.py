@@ -1,10 +1,15 @@
-"""Linear algebra in LAPACK's conventions: pivots, info codes, errors raised at synchronisation."""
+"""Linear algebra in LAPACK's conventions: pivots, info codes, errors raised at synchronisation; the precision
+of float32 products."""
+import re
+
+import jax
 import pytest
 import torch
 
 import torchneuron  # noqa: F401
 from conftest import assert_same
 from torchneuron.eager import fallback
+from torchneuron.runtime.cache import eager_cache
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 
@@ -151,3 +156,30 @@ def test_matrix_rank_writes_its_out(tolerances):
         assert torch.linalg.matrix_rank(a.to(device), out=out, **tolerances) is out
         results.append(out)
     assert results[1].item() == results[0].item() and results[0].item() > 0
+
+
+@pytest.fixture
+def set_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
+def _product_precisions(op, setting) -> set:
+    """The precisions of the products in the eager programs of `op` made under `setting`."""
+    texts = [jax.jit(entry.program.function).lower(*entry.program.storage_avals).as_text()
+             for key, entry in eager_cache.entries.items() if key[0] is op and key[-1] == setting]
+    assert texts
+    return {p for text in texts for p in re.findall(r"precision[ =\[]+(\w+)", text)}
+
+
+@pytest.mark.parametrize("setting, precision", [("highest", "HIGHEST"), ("high", "HIGH"), ("medium", "DEFAULT")])
+def test_float32_products_follow_pytorchs_matmul_precision(set_matmul_precision, setting, precision):
+    # PyTorch's default, "highest", keeps float32 products in float32 on any device, where JAX's default lets
+    # XLA:GPU round their operands to TF32; "high" allows TF32 as on CUDA
+    set_matmul_precision(setting)
+    a = torch.randn(8, 8, device="neuron")
+    (a @ a).cpu()
+    torch.nn.functional.conv2d(a[None, None], a[None, None, :3, :3]).cpu()
+    assert _product_precisions(torch.ops.aten.mm.default, setting) == {precision}
+    assert _product_precisions(torch.ops.aten.convolution.default, setting) == {precision}

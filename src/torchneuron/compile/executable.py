@@ -21,7 +21,8 @@ from ..ops import collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
-from ..runtime.program import StorageProgram, global_avals, over_mesh, shard_of, storage_views
+from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
+                               storage_views)
 from ..runtime.layout import contiguous_strides
 from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
@@ -114,8 +115,9 @@ class CompiledGraph:
             for i, t in zip(positions, tensors):
                 args[i] = t
             storages, views = storage_views(tensors)
-        # as in eager: the views, which storage each reads, and the storages' sizes and dtypes
-        key = (tuple(views), tuple(statics))
+        # as in eager: the views, which storage each reads, the storages' sizes and dtypes, and the float32
+        # matmul precision
+        key = (tuple(views), tuple(statics), float32_matmul_precision())
         program = self.specialisations.get(key)
         if program is None:
             counters["specialisations"] += 1

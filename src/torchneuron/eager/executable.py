@@ -17,7 +17,7 @@ from ..ops import checks, registry, rules
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import UnsupportedDtype, convert_to
-from ..runtime.program import StorageProgram, fast_call, storage_views
+from ..runtime.program import StorageProgram, fast_call, float32_matmul_precision, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
 from ..runtime.transfer import device_scalars
@@ -40,8 +40,8 @@ class Compute:
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
-        # (aliasing is part of the program), and the default dtype (result dtype of float scalars, int division,
-        # factories); top-level neuron tensors, the common case, are slotted inline
+        # (aliasing is part of the program), the default dtype (result dtype of float scalars, int division,
+        # factories) and float32 matmul precision; top-level neuron tensors, the common case, are slotted inline
         tensors, scalars, targs = [], [], []
         dynamic = self.rule.traced_floats
         for a in args:
@@ -58,7 +58,8 @@ class Compute:
             transfers.bring_to_device(tensors)
             return self(func, *_refilled(targs, tkwargs, tensors, scalars), generator)
         scalar_types = tuple(map(type, scalars)) if scalars else ()
-        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype())
+        key = (func, targs, tkwargs, tuple(views), scalar_types, torch.get_default_dtype(),
+               float32_matmul_precision())
         entry = eager_cache.get(key)
         try:
             if entry is None:
@@ -91,10 +92,10 @@ _first_offsets = {}  # a signature without its view offsets -> the offsets it wa
 def _offsets_as_arguments(key, views):
     """The key of the signature `key` with its views' offsets as arguments, if it has been seen before with
     other offsets (else None: one offset is compiled in, as most views' is)."""
-    func, targs, tkwargs, _, scalar_types, default_dtype = key
+    func, targs, tkwargs, _, scalar_types, *settings = key
     # each spec keeps its place for the offset (None), as the profiler reads keys by position
     anywhere = (func, targs, tkwargs, tuple((s[:2] + (None,) + s[3:], *rest) for s, *rest in views), scalar_types,
-                default_dtype, "offsets as arguments")
+                *settings, "offsets as arguments")
     offsets = tuple(v[0][2] for v in views)
     first = _first_offsets.get(anywhere)
     if first is None:

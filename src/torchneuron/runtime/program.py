@@ -7,6 +7,7 @@ storages' new buffers (the old ones are donated) followed by the computation's o
 computation differs (an op's lowering, a graph), so it is the one thing a caller gives.
 """
 import jax
+import torch
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from . import layout
@@ -14,6 +15,13 @@ from .dtypes import to_jax
 from .platform import jax_device
 from .storage import Pending
 from .tensor import NeuronTensor
+
+
+# torch.set_float32_matmul_precision's setting -> JAX's for float32 products and convolutions: full float32
+# unless the user allows TF32 ("high") or bfloat16 ("medium"), as on CUDA; JAX's own default would let an
+# accelerator round float32 operands (XLA:GPU to TF32), where PyTorch's default is "highest"
+JAX_MATMUL_PRECISION = {"highest": "float32", "high": "tensorfloat32", "medium": "bfloat16"}
+float32_matmul_precision = torch.get_float32_matmul_precision  # part of every program's signature
 
 
 def storage_views(tensors):
@@ -42,7 +50,8 @@ class StorageProgram:
     Called as `function(*buffers, *extras)` with `buffers` from `buffers_of(storages)`: flat positional
     arguments, jit's fast path (no pytree work); the first `len(written_storages)` are donated. With
     `traced_offsets`, each input's storage offset is an argument too, between the buffers and the extras
-    (one program for views that differ only in where they start: `x[i] = ...` in a loop).
+    (one program for views that differ only in where they start: `x[i] = ...` in a loop). Its float32
+    products keep the precision PyTorch's setting gave when it was made, which its callers' keys include.
     """
 
     def __init__(self, specs, pattern, storages, mutated_inputs, compute, name: str, traced_offsets=False):
@@ -53,13 +62,15 @@ class StorageProgram:
         storage_dtypes = [s.dtype for s in storages]
         argument_storages, n_buffers = self.argument_storages, len(self.argument_storages)
         n_offsets = len(specs) if traced_offsets else 0
+        precision = JAX_MATMUL_PRECISION[float32_matmul_precision()]
 
         def function(*flat):
             buffers = dict(zip(argument_storages, flat[:n_buffers]))
             offsets = flat[n_buffers : n_buffers + n_offsets] if n_offsets else [None] * len(specs)
             values = [layout.read_view(buffers[p], spec, storage_dtypes[p], offset)
                       for spec, p, offset in zip(specs, pattern, offsets)]
-            results, new_values = compute(values, flat[n_buffers + n_offsets :])
+            with jax.default_matmul_precision(precision):
+                results, new_values = compute(values, flat[n_buffers + n_offsets :])
             for i in mutated_inputs:
                 p = pattern[i]
                 buffers[p] = layout.write_view(buffers[p], new_values[i], specs[i], storage_dtypes[p], offsets[i])
