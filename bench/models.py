@@ -1,4 +1,6 @@
 """Training and inference steps of small models: neuron eager / compiled vs PyTorch CPU eager / Inductor."""
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,5 +94,7 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
                     row[label] = items / stats["median"]
                 except Exception as exc:  # a configuration that cannot run is reported, not fatal
                     row[label] = f"n/a ({type(exc).__name__})"
+                    print(f"{row['benchmark']}, {label}: {type(exc).__name__}: {exc}"[:2000], file=sys.stderr)
+            print(row, file=sys.stderr, flush=True)
             rows.append(row)
     return rows

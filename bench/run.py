@@ -81,10 +81,11 @@ def main(argv=None) -> dict:
             row.update(ratios(measured, ours[1]))
             row.update(ratios(measured, ours[0], skip=[ours[1]]))
         report["sections"][name] = rows
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(markdown(report))
+        # written after each section, so that a run stopped at a time limit keeps what it measured
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=2))
+        (out / "report.md").write_text(markdown(report))
     print(markdown(report))
     return report
 

@@ -268,9 +268,17 @@ def proxy_tracing_takes_neuron_tensors_as_tensors() -> None:
         return
     # runtime_wrappers imported the tuple by name: its analysis mode decides by it as well
     proxy_tensor.HANDLED_TYPES = runtime_wrappers.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, NeuronTensor)
-    unrecognized = functional_tensor._has_unrecognized_tensor_types
-    functional_tensor._has_unrecognized_tensor_types = lambda types: unrecognized(
-        [t for t in types if t is not NeuronTensor])
+    # functionalization's list of recognised types is written inside its dispatch methods (torch 2.11)
+    for dispatcher in (functional_tensor.FunctionalTensor, functional_tensor.FunctionalTensorMode):
+        dispatcher.__torch_dispatch__ = _taking_neuron_tensors_as_tensors(dispatcher.__torch_dispatch__)
+
+
+def _taking_neuron_tensors_as_tensors(torch_dispatch):
+    @functools.wraps(torch_dispatch)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return torch_dispatch(self, func, tuple(t for t in types if t is not NeuronTensor), args, kwargs)
+
+    return __torch_dispatch__
 
 
 def dynamo_skips_torchneuron_frames() -> None:
@@ -387,6 +395,24 @@ def ctc_loss_reads_tensor_lengths_on_the_host() -> None:
     _LIBRARIES.append(library)
 
 
+@_patch
+def fused_attention_backward_has_a_meta_kernel() -> None:
+    """The backward of the fused attention op a PrivateUse1 backend implements has a meta kernel from torch
+    2.13 on; before, neither an eager call's output metadata nor a compiled graph's fake tensors could be
+    made for it. Its gradients are shaped as the inputs they are for."""
+    name = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+        return
+
+    def shaped_as_inputs(grad_out, query, key, value, attn_bias, *args, **kwargs):
+        return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+                None if attn_bias is None else torch.empty_like(attn_bias))
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl(name.split("::")[1], shaped_as_inputs, "Meta")
+    _LIBRARIES.append(library)
+
+
 def compiled_optimizers_capture_on_neuron() -> None:
     """Dynamo traces an optimizer step with `capturable` on, and turns it on in the optimizer itself only
     for CUDA and XPU parameters (whose state it has not made yet); elsewhere the step counts stay CPU tensors,
@@ -430,6 +456,7 @@ def apply() -> None:
     compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()
     ctc_loss_reads_tensor_lengths_on_the_host()
+    fused_attention_backward_has_a_meta_kernel()
     apply.done = True
 
 

@@ -125,16 +125,24 @@ def reset() -> None:
 _CPU_ERROR_BYTES = 8 << 20
 
 
+# ops whose integer tensors are LAPACK pivots (row numbers from 1): zeros would send the CPU kernel down its
+# invalid-pivot path (torch 2.11's ldl_solve then corrupts the heap), where ones are valid pivots
+_TAKES_PIVOTS = {torch.ops.aten.linalg_ldl_solve, torch.ops.aten.linalg_lu_solve, torch.ops.aten.lu_solve,
+                 torch.ops.aten.lu_unpack}
+
+
 def on_cpu_zeros(func, args, kwargs, dtypes=None):
     """`func` run on the CPU with zeros standing for each tensor argument (its shape, strides and dtype, or
     the dtype `dtypes` gives for its id): what the CPU kernel says of arguments like these."""
     dtypes = dtypes or {}
+    pivots = getattr(func, "overloadpacket", None) in _TAKES_PIVOTS
 
     def zeros(value):
         if isinstance(value, torch.Tensor):
             dtype = dtypes.get(id(value), value.dtype)
+            fill = 1 if pivots and not (dtype.is_floating_point or dtype.is_complex) else 0
             # the view's own extent: a small view of a large storage costs its size, not the storage's
-            return torch.zeros(storage_extent(value.shape, value.stride()), dtype=dtype).as_strided(
+            return torch.full((storage_extent(value.shape, value.stride()),), fill, dtype=dtype).as_strided(
                 value.shape, value.stride())
         if isinstance(value, torch.device) or value in ("meta", "neuron"):
             return torch.device("cpu")

@@ -89,7 +89,7 @@ def index_select(x, dim, index):
 
 def _along(x, dim, index):
     """Full index tuple addressing x[..., index[i, j, k], ...] along dim (PyTorch gather/scatter semantics)."""
-    grids = jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij")
+    grids = list(jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij"))  # a tuple from JAX 0.11
     grids[_dim(x, dim)] = index
     return tuple(grids)
 
