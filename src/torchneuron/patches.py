@@ -395,22 +395,42 @@ def ctc_loss_reads_tensor_lengths_on_the_host() -> None:
     _LIBRARIES.append(library)
 
 
+def _gradients_shaped_as_inputs(grad_out, query, key, value, attn_bias, *args, **kwargs):
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            None if attn_bias is None else torch.empty_like(attn_bias))
+
+
+def _shaped_as_source(src, *args, **kwargs):
+    return torch.empty_like(src)
+
+
+# ops neuron lowers whose meta kernels arrived in torch 2.13: without one, neither an eager call's output
+# metadata nor a compiled graph's fake tensors can be made
+_META_KERNELS_OF_NEWER_PYTORCH = {
+    "_scaled_dot_product_fused_attention_overrideable_backward": _gradients_shaped_as_inputs,
+    "_transformer_encoder_layer_fwd": _shaped_as_source,
+}
+
+
 @_patch
-def fused_attention_backward_has_a_meta_kernel() -> None:
-    """The backward of the fused attention op a PrivateUse1 backend implements has a meta kernel from torch
-    2.13 on; before, neither an eager call's output metadata nor a compiled graph's fake tensors could be
-    made for it. Its gradients are shaped as the inputs they are for."""
-    name = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
-    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
-        return
-
-    def shaped_as_inputs(grad_out, query, key, value, attn_bias, *args, **kwargs):
-        return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
-                None if attn_bias is None else torch.empty_like(attn_bias))
-
+def older_pytorch_gets_newer_meta_kernels() -> None:
+    """The meta kernels older PyTorch releases lack for ops neuron lowers (the fused attention backward a
+    PrivateUse1 backend implements, the Transformer encoder's inference fast path), as torch 2.13 writes
+    them."""
     library = torch.library.Library("aten", "IMPL")
-    library.impl(name.split("::")[1], shaped_as_inputs, "Meta")
+    for name, meta in _META_KERNELS_OF_NEWER_PYTORCH.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            library.impl(name, meta, "Meta")
     _LIBRARIES.append(library)
+
+
+@_patch
+def profiler_activity_named_neuron() -> None:
+    """torch.profiler.ProfilerActivity names the PrivateUse1 activity after the renamed backend from torch 2.13
+    on; older releases know it only as PrivateUse1, and `ProfilerActivity.NEURON` failed."""
+    activity = torch.profiler.ProfilerActivity
+    if not hasattr(activity, "NEURON"):
+        activity.NEURON = activity.PrivateUse1
 
 
 def compiled_optimizers_capture_on_neuron() -> None:
@@ -456,7 +476,8 @@ def apply() -> None:
     compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()
     ctc_loss_reads_tensor_lengths_on_the_host()
-    fused_attention_backward_has_a_meta_kernel()
+    older_pytorch_gets_newer_meta_kernels()
+    profiler_activity_named_neuron()
     apply.done = True
 
 

@@ -63,14 +63,16 @@ def check_supported(dtype: torch.dtype) -> None:
         raise UnsupportedDtype(dtype)
 
 
-# PyTorch saturates conversions to float8_e4m3fn (no infinities) at its largest finite value, inf included;
-# XLA's give nan
+# PyTorch from 2.13 saturates conversions to float8_e4m3fn (no infinities) at its largest finite value, inf
+# included; older releases, as XLA, give nan: neuron converts as the installed PyTorch's CPU does
 _E4M3FN_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+_E4M3FN_SATURATES = bool(torch.tensor(float("inf")).to(torch.float8_e4m3fn).float().isfinite())
 
 
 def convert(value, dtype):
     """`value` (a JAX array) as `dtype` (a JAX dtype), converted as PyTorch converts."""
-    if dtype == jnp.float8_e4m3fn and value.dtype != dtype and value.dtype != jnp.bool_:
+    if (_E4M3FN_SATURATES and dtype == jnp.float8_e4m3fn and value.dtype != dtype
+            and value.dtype != jnp.bool_):
         value = jnp.clip(value, -_E4M3FN_MAX, _E4M3FN_MAX)
     return value.astype(dtype)
 
