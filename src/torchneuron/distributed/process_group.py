@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions  # not in torch.distributed before torch 2.13
 
 from ..runtime import platform
 from ..runtime.dtypes import to_jax
@@ -120,7 +121,8 @@ def _op_name(op) -> tuple:
     name = dist.ReduceOp.RedOpType(int(kind)).name if not isinstance(kind, dist.ReduceOp.RedOpType) else kind.name
     factor = None
     if name == "PREMUL_SUM":
-        factor = op.factor
+        # its pickled state, (type, factor): torch 2.11 has no `factor` attribute
+        factor = op.__getstate__()[1]
         factor = float(factor.item() if isinstance(factor, torch.Tensor) else factor)
     return name, factor
 
@@ -274,7 +276,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{what}: tensor of {tensor.numel()} elements where {numel} are expected")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         if self._on_cpu(input_tensors + [t for ts in output_tensors for t in ts]):
             return self._cpu.allgather(output_tensors, input_tensors, opts)
         for outputs, source in zip(output_tensors, input_tensors):
@@ -293,7 +295,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         if self._on_cpu(outputs + inputs):
             return self._cpu.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for out, source in zip(outputs, inputs):
@@ -392,6 +394,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         results = self._exchange_uneven(chunks, [s * row for s in outs], input)
         buffers.write(output, jnp.concatenate(results) if results else source[:0])
         return self._work([output], [output], "all_to_all_single")
+
+    # torch 2.11's ProcessGroup looks this override up by its older name only (2.13 tries the new name
+    # first); without it, its C++ method ran and found no backend for neuron
+    alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.AllToAllOptions()
