@@ -7,6 +7,9 @@
 #                                      # lowered by Pallas (Triton) and by JAX (XLA:GPU); under 10 minutes
 #   CPU_CHECK=1 bash bench/gpu.sh DIR [kernels]  # the same on XLA:CPU (smoke sizes; Pallas interpreted)
 #
+# In one lease of a GPU machine (15 minutes, its start included), the table and the check within 9:
+#   BENCH_TIMEOUT=330 bash bench/gpu.sh "$OUT"; CHECK_TIMEOUT=150 bash bench/gpu.sh "$OUT/check" check
+#
 # It uses the machine's own torch and jax (with the CUDA PJRT plugin): the package is installed into that
 # Python without dependencies (which builds only the native extension, against that torch), as a user would.
 set -euo pipefail
