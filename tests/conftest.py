@@ -31,13 +31,9 @@ EXPECTED_FAILURES = {
 _FLOAT8_REFERENCE = ("the CPU kernels the tests compare with changed in torch 2.13: before, conversions to "
                      "float8_e4m3fn overflow to nan (neuron follows the installed release) and _scaled_mm takes "
                      "per-tensor scales only, with other error messages")
-_AOT_COMPILE = ("torch.compile(...).aot_compile before 2.13 accepts only backends whose result implements "
-                "SerializableCallable (Inductor's); precompiled functions need torch 2.13")
 SKIPPED_ON_OLDER_PYTORCH = {
     "test_float8.py": ((2, 13), _FLOAT8_REFERENCE),
     "test_bad_input.py::test_float8_conversions_saturate_as_on_the_cpu": ((2, 13), _FLOAT8_REFERENCE),
-    "test_installation.py::test_precompiled_function_runs_in_a_fresh_process_without_tracing": ((2, 13), _AOT_COMPILE),
-    "test_installation.py::test_precompiled_whole_graphs_are_unpickled_only_to_trace_a_program": ((2, 13), _AOT_COMPILE),
     "test_device_module.py::test_accelerator_empty_host_cache_once_the_device_is_in_use": (
         (2, 13), "torch.accelerator.empty_host_cache is new in torch 2.13"),
 }

@@ -20,6 +20,7 @@ Inductor) and XLA chooses its own kernels, so the modes currently coincide.
 """
 import copy
 import functools
+import time
 import warnings
 
 import torch
@@ -45,7 +46,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
     if options:
         raise RuntimeError(f"backend 'neuron' takes no options, got {sorted(options)}")
     counters["dynamo_graphs"] += 1
-    return aot_module_simplified(
+    compiled = aot_module_simplified(
         gm,
         example_inputs,
         fw_compiler=NeuronCode,
@@ -54,6 +55,16 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
+    if _AOT_COMPILE_SAVES_ONLY_ITS_OWN_BACKENDS and getattr(compiled, "serialize", None) is not None:
+        # under aot_compile (which bundles AOTAutograd's cache entries: `serialize`), torch 2.11 saves only
+        # Inductor's and AotAutograd backends' functions; 2.13 saves any that can serialize itself
+        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+        compiled = BundledAOTAutogradSerializableCallable(compiled)
+    return compiled
+
+
+_AOT_COMPILE_SAVES_ONLY_ITS_OWN_BACKENDS = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
 
 
 @functools.cache
@@ -157,7 +168,10 @@ class NeuronCode(OutputCode):
         # on the instance: wrappers AOTAutograd puts around a loaded backward copy its __dict__, not its class
         self._boxed_call = True
         self.gm, self.serialized, self.saved_graph = gm, None, None
+        start = time.perf_counter_ns()
         self.run = compile_graph(gm, example_inputs)
+        # what AOTAutograd's cache reports as saved by a hit (torch 2.11 fails on a hit without it)
+        self._time_taken_ns = time.perf_counter_ns() - start
 
     def __call__(self, inputs):
         return self.run(inputs)
