@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import assert_same
+from torchneuron.eager import fallback
 
 aten = torch.ops.aten
 # values on the grid's half steps too, where rounding (half to even) decides
@@ -54,9 +55,51 @@ def test_bad_arguments_raise_the_cpus_errors():
         torch.neuron.synchronize()
 
 
+def _fused_observer(kind: str):
+    import torch.ao.quantization as quantization
+
+    if kind == "per-channel symmetric":  # the default QAT configuration's weights
+        return quantization.default_fused_per_channel_wt_fake_quant()
+    scheme = torch.per_tensor_symmetric if kind == "per-tensor symmetric" else torch.per_tensor_affine
+    return quantization.FusedMovingAvgObsFakeQuantize(quant_min=0, quant_max=255, dtype=torch.quint8, qscheme=scheme)
+
+
+def _observe(device: str, kind: str):
+    """Outputs, input gradients and final state of a fused observer over steps that turn its observer and its
+    fake quantization off and on."""
+    torch.manual_seed(0)
+    observer = _fused_observer(kind).to(device)
+    seen = []
+    for step in range(4):
+        x = (torch.randn(6, 5, 3) * (step + 1) + 0.3 * step).to(device).requires_grad_()
+        if step == 2:
+            observer.disable_observer()
+        if step == 3:
+            observer.enable_observer()
+            observer.disable_fake_quant()
+        y = observer(x)
+        y.sum().backward()
+        seen += [y.detach(), x.grad]
+    return seen, observer.state_dict()
+
+
+@pytest.mark.parametrize("kind", ["per-tensor affine", "per-tensor symmetric", "per-channel symmetric"])
+def test_the_fused_moving_average_observer_equals_the_cpus_bit_for_bit(kind):
+    """torch.ao's fused observer (moving min/max, quantization parameters chosen as quant_utils chooses them in
+    float and double arithmetic, fake quantization) on the device; the per-channel one sizes its state at its
+    first call, as the CPU kernel does."""
+    with fallback.as_error():
+        got, got_state = _observe("neuron", kind)
+    expected, expected_state = _observe("cpu", kind)
+    for g, e in zip(got, expected):
+        assert_same(g, e, atol=0, rtol=0)
+    assert got_state.keys() == expected_state.keys()
+    for name, e in expected_state.items():
+        assert_same(got_state[name], e, atol=0, rtol=0)
+
+
 def test_a_qat_module_trains_as_on_the_cpu():
-    """torch.ao's default QAT configuration: fake-quantized weights and activations, whose observer (a fused
-    op that resizes its state on first use) runs through the CPU fallback, writing back what it resized."""
+    """torch.ao's default QAT configuration: fake-quantized weights and activations, on the device."""
     import torch.ao.quantization as quantization
 
     torch.manual_seed(0)
@@ -66,7 +109,9 @@ def test_a_qat_module_trains_as_on_the_cpu():
     neuron = copy.deepcopy(cpu).to("neuron")
     x = torch.randn(8, 6)
     for _ in range(2):
-        expected, got = cpu(x), neuron(x.to("neuron"))
+        expected = cpu(x)
+        with fallback.as_error():
+            got = neuron(x.to("neuron"))
         assert_same(got.detach(), expected.detach(), atol=1e-6, rtol=1e-5)
         expected.sum().backward()
         got.sum().backward()
