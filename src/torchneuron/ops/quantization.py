@@ -115,10 +115,11 @@ def _choose_qparams(low, high, quant_min, quant_max, symmetric):
     high_small = jnp.where(low == 0, _SMALL_SCALE * f32(levels), jnp.where(high == 0, high, high * amplifier))
     low, high = jnp.where(small, low_small, low), jnp.where(small, high_small, high)
     scale = jnp.where(small, f64(_SMALL_SCALE), scale)
-    from_min, from_max = quant_min - low / scale, quant_max - high / scale
-    from_min_error = abs(quant_min) - jnp.abs(low / scale)
-    from_max_error = abs(quant_max) - jnp.abs(high / scale)
-    initial = jnp.where(from_min_error < from_max_error, from_min, from_max)
+    # the zero point from whichever end's solution adds the smaller terms
+    low_steps, high_steps = low / scale, high / scale
+    from_min_error = abs(quant_min) - jnp.abs(low_steps)
+    from_max_error = abs(quant_max) - jnp.abs(high_steps)
+    initial = jnp.where(from_min_error < from_max_error, quant_min - low_steps, quant_max - high_steps)
     if symmetric:
         initial = jnp.where((low < 0) & (high > 0), (quant_min + quant_max) / 2, initial)
     zero_point = jnp.clip(jnp.round(initial), quant_min, quant_max).astype(jnp.int32)
