@@ -61,9 +61,51 @@ def test_optimizer(name, implementation):
     _close(lambda p: OPTIMIZERS[name](p, foreach=implementation == "foreach"))
 
 
-@pytest.mark.parametrize("name", ["adam", "adam_amsgrad", "adamw"])
+FUSED = ["adam", "adam_amsgrad", "adamw", "sgd", "sgd_momentum", "sgd_nesterov", "adagrad"]
+
+
+@pytest.mark.parametrize("name", FUSED)
 def test_fused_optimizer(name):
     _close(lambda p: OPTIMIZERS[name](p, fused=True))
+
+
+TENSOR_LR = {
+    "adamw": torch.optim.AdamW,
+    "sgd_momentum": lambda p, **k: torch.optim.SGD(p, momentum=0.9, **k),
+    "adagrad": torch.optim.Adagrad,
+}
+
+
+@pytest.mark.parametrize("name", TENSOR_LR)
+def test_fused_optimizer_with_tensor_lr_and_maximize(name):
+    _close(lambda p: TENSOR_LR[name](p, lr=torch.tensor(0.05), fused=True, maximize=True))
+
+
+def _fused_step(name, device, found_inf):
+    """One fused step with gradients scaled by 4, as torch.amp.GradScaler makes it; the tensors after it."""
+    params, grads = [torch.ones(3, device=device)], [torch.full((3,), 8.0, device=device)]
+    state = [torch.full((3,), 0.5, device=device)]
+    options = dict(grad_scale=torch.tensor(4.0, device=device), found_inf=torch.tensor(found_inf, device=device),
+                   maximize=False, weight_decay=0.1)
+    step = [torch.tensor(2.0, device=device)]
+    if name == "adam":
+        torch._fused_adam_(params, grads, state, [state[0].clone()], [], step, lr=0.1, beta1=0.9, beta2=0.99,
+                           eps=1e-8, amsgrad=False, **options)
+    elif name == "sgd":
+        torch._fused_sgd_(params, grads, state, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True,
+                          is_first_step=False, **options)
+    else:
+        torch._fused_adagrad_(params, grads, state, step, lr=0.1, lr_decay=0.01, eps=1e-10, **options)
+    return [t.cpu() for t in params + grads + state]
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0])
+@pytest.mark.parametrize("name", ["adam", "sgd", "adagrad"])
+def test_fused_step_unscales_gradients_unless_the_scaler_found_inf(name, found_inf):
+    # the CPU and CUDA kernels divide the gradients by the scale in place, and when the scaler found a
+    # non-finite gradient return before writing anything
+    for actual, expected in zip(_fused_step(name, "neuron", found_inf), _fused_step(name, "cpu", found_inf)):
+        torch.testing.assert_close(actual, expected)
 
 
 def test_foreach_is_the_default_on_neuron():
