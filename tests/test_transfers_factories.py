@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import assert_same, jax_compile_events
+from torchneuron.eager import fallback
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -106,6 +107,77 @@ def test_multinomial_draws_in_proportion_and_never_a_zero_weight(dtype):
     assert all(len(set(r)) == 2 and all(w[i] > 0 for i in r) for r, w in zip(without.tolist(), rows))
     first = torch.bincount(without[::2, 0], minlength=5) / 500  # the first draws from row 0 follow its weights
     assert first[1] == first[4] == 0 and torch.allclose(first[[0, 2, 3]], torch.tensor([0.1, 0.3, 0.6]), atol=0.06)
+
+def _moments_match(samples, mean, variance, n):
+    """The samples' mean and variance within 5 standard errors of the distribution's (fourth moment bounded
+    by a few times the squared variance for these)."""
+    samples = samples.double()
+    assert abs(samples.mean(0) - mean).max() < 5 * (variance / n).sqrt().max(), (samples.mean(0), mean)
+    assert abs(samples.var(0) / variance - 1).max() < 5 * (3 / n) ** 0.5, (samples.var(0), variance)
+
+
+def test_distribution_samplers_have_the_right_moments():
+    """Gamma, Dirichlet, Poisson and binomial samples on the device (each was a CPU fallback)."""
+    with fallback.as_error():
+        _sample_distributions()
+
+
+def _sample_distributions():
+    torch.manual_seed(0)
+    n = 50_000
+    alpha = torch.tensor([0.3, 1.0, 4.5, 40.0], dtype=torch.float64)
+    on_device = alpha.to("neuron")
+    _moments_match(torch._standard_gamma(on_device.expand(n, 4)).cpu(), alpha, alpha, n)
+    concentration = torch.tensor([0.5, 2.0, 7.5], dtype=torch.float64)
+    total = concentration.sum()
+    dirichlet = torch.distributions.Dirichlet(concentration.to("neuron").float()).sample((n,)).cpu()
+    mean = concentration / total
+    assert torch.allclose(dirichlet.sum(-1), torch.ones(n)) and dirichlet.dtype == torch.float32
+    _moments_match(dirichlet, mean, mean * (1 - mean) / (total + 1), n)
+    rate = torch.tensor([0.0, 0.7, 12.0, 900.0])
+    counts = torch.poisson(rate.to("neuron").expand(n, 4)).cpu()
+    assert counts.dtype == torch.float32 and torch.equal(counts, counts.round()) and counts[:, 0].eq(0).all()
+    _moments_match(counts[:, 1:], rate[1:], rate[1:], n)
+    trials, probability = torch.tensor([1.0, 10.0, 300.0]), torch.tensor([0.5, 0.25, 0.9])
+    draws = torch.binomial(trials.to("neuron").expand(n, 3), probability.to("neuron").expand(n, 3)).cpu()
+    assert torch.equal(draws, draws.round()) and draws.min() >= 0 and (draws <= trials).all()
+    _moments_match(draws, trials * probability, trials * probability * (1 - probability), n)
+
+
+def test_distribution_samplers_refuse_and_clamp_as_the_cpu_does():
+    def both(fn):
+        return fn("neuron"), fn("cpu")
+
+    assert_same(*both(lambda d: torch._standard_gamma(torch.tensor([-1.0, 0.0], device=d))))  # the tiniest normal
+    assert_same(*both(lambda d: torch._sample_dirichlet(torch.zeros(2, 3, device=d))))  # uniform
+    assert_same(*both(lambda d: torch.binomial(torch.tensor([5.0, -1.0, 7.0], device=d),
+                                               torch.tensor([1.5, 0.5, -0.2], device=d))))
+    with pytest.raises(RuntimeError, match="invalid Poisson rate, expected rate to be non-negative"):
+        torch.poisson(torch.tensor([-1.0, 2.0], device="neuron")).cpu()
+    with pytest.raises(RuntimeError, match="Found dtype Double but expected Float"):
+        torch.binomial(torch.ones(2, device="neuron"), torch.ones(2, device="neuron", dtype=torch.float64))
+    with pytest.raises(ValueError, match="binomial only supports floating-point dtypes for count, got: Long"):
+        torch.binomial(torch.ones(2, device="neuron", dtype=torch.int64), torch.ones(2, device="neuron"))
+
+
+def test_reparameterized_gamma_gradients_match_the_cpu():
+    """Gamma.rsample's gradient (aten._standard_gamma_grad), eager and compiled. PyTorch's CPU approximation
+    is within 1e-3 of the exact derivative; JAX's, used here, within 1e-7."""
+    alpha = torch.tensor([0.05, 0.3, 1.0, 2.5, 8.0, 50.0], dtype=torch.float64).repeat_interleave(50)
+    sample = torch._standard_gamma(alpha, generator=torch.Generator().manual_seed(0))
+    expected = torch._standard_gamma_grad(alpha, sample)
+    on_device = torch._standard_gamma_grad(alpha.to("neuron"), sample.to("neuron")).cpu()
+    torch.testing.assert_close(on_device, expected, rtol=2e-3, atol=0)
+
+    @torch.compile(backend="neuron")
+    def mean_of_samples(concentration):
+        return torch.distributions.Gamma(concentration, torch.ones_like(concentration)).rsample((4000,)).mean(0)
+
+    concentration = torch.tensor([0.5, 2.0, 7.0], device="neuron", requires_grad=True)
+    mean_of_samples(concentration).sum().backward()
+    # the mean of Gamma(a, 1) samples is a: its gradient averages to 1
+    assert torch.allclose(concentration.grad.cpu(), torch.ones(3), atol=0.1)
+
 
 def test_complex_random_factories_draw_both_parts():
     """PyTorch draws a complex tensor's real and imaginary parts independently, a normal's variance split

@@ -395,33 +395,26 @@ def ctc_loss_reads_tensor_lengths_on_the_host() -> None:
     _LIBRARIES.append(library)
 
 
-def _gradients_shaped_as_inputs(grad_out, query, key, value, attn_bias, *args, **kwargs):
-    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
-            None if attn_bias is None else torch.empty_like(attn_bias))
+_META_KERNELS_GIVEN = []  # the ops meta_kernel_where_pytorch_has_none gave a Meta kernel
 
 
-def _shaped_as_source(src, *args, **kwargs):
-    return torch.empty_like(src)
+def meta_kernel_where_pytorch_has_none(op, meta) -> None:
+    """`meta` becomes `op`'s Meta kernel if PyTorch has none (it must make output metadata alone, never call
+    `op`). Without one, torch.compile's fake tensors run the op on real zero tensors of its device, which
+    cannot be made for neuron. The op table (ops.registry.meta_kernel) calls it for ops it lowers that some
+    PyTorch release leaves without one: random samplers, in-place fused optimizer steps, and before 2.13
+    fused attention's backward and the Transformer encoder's inference fast path."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+        return
+    _meta_library().impl(op, meta, "Meta")
+    _META_KERNELS_GIVEN.append(op)
 
 
-# ops neuron lowers whose meta kernels arrived in torch 2.13: without one, neither an eager call's output
-# metadata nor a compiled graph's fake tensors can be made
-_META_KERNELS_OF_NEWER_PYTORCH = {
-    "_scaled_dot_product_fused_attention_overrideable_backward": _gradients_shaped_as_inputs,
-    "_transformer_encoder_layer_fwd": _shaped_as_source,
-}
-
-
-@_patch
-def older_pytorch_gets_newer_meta_kernels() -> None:
-    """The meta kernels older PyTorch releases lack for ops neuron lowers (the fused attention backward a
-    PrivateUse1 backend implements, the Transformer encoder's inference fast path), as torch 2.13 writes
-    them."""
+@functools.cache
+def _meta_library():
     library = torch.library.Library("aten", "IMPL")
-    for name, meta in _META_KERNELS_OF_NEWER_PYTORCH.items():
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-            library.impl(name, meta, "Meta")
     _LIBRARIES.append(library)
+    return library
 
 
 @_patch
@@ -476,7 +469,6 @@ def apply() -> None:
     compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()
     ctc_loss_reads_tensor_lengths_on_the_host()
-    older_pytorch_gets_newer_meta_kernels()
     profiler_activity_named_neuron()
     apply.done = True
 
@@ -503,6 +495,8 @@ def applied() -> dict:
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),
+        "meta_kernel_where_pytorch_has_none": all(
+            torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta") for op in _META_KERNELS_GIVEN),
     }
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lower
+from .registry import lower, meta_kernel
 
 aten = torch.ops.aten
 
@@ -180,6 +180,12 @@ def fused_attention(key, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False
     layout, out, logsumexp, words = _attend(key, q, k, v, attn_bias, dropout_p, is_causal, scale)
     seed = lax.bitcast_convert_type(words, jnp.int64)
     return out, logsumexp, None, None, layout.queries, layout.keys, seed, jnp.zeros((), jnp.int64), None
+
+
+@meta_kernel(aten._scaled_dot_product_fused_attention_overrideable_backward.default)  # before torch 2.13
+def _gradients_shaped_as_inputs(grad_out, query, key, value, attn_bias, *args, **kwargs):
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            None if attn_bias is None else torch.empty_like(attn_bias))
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward, static_scalars=True)

@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 import torch
 
-from .registry import META, lower
+from .registry import lower, meta_kernel
 
 aten = torch.ops.aten
 
@@ -108,11 +108,7 @@ def fused_adagrad(params, grads, state_sums, state_steps, **options):
 lower(aten._fused_adagrad.tensor_lr)(_adagrad)
 
 
+@meta_kernel(aten._fused_adam_.tensor_lr, aten._fused_adamw_.tensor_lr, aten._fused_sgd_.default,
+             aten._fused_sgd_.tensor_lr, aten._fused_adagrad_.default, aten._fused_adagrad_.tensor_lr)
 def _writes_in_place(*args, **kwargs):
-    """The output metadata of an in-place fused optimizer step: it returns nothing and changes no shape
-    (PyTorch gives a meta kernel to float-lr Adam's only)."""
-
-
-for _overload in (aten._fused_adam_.tensor_lr, aten._fused_adamw_.tensor_lr, aten._fused_sgd_.default,
-                  aten._fused_sgd_.tensor_lr, aten._fused_adagrad_.default, aten._fused_adagrad_.tensor_lr):
-    META[_overload] = _writes_in_place
+    """An in-place fused optimizer step returns nothing and changes no shape."""

@@ -12,7 +12,7 @@ from ..runtime.tensor import NeuronTensor
 from . import checks
 from .promotion import scalar_type_name
 from .reductions import running_sum
-from .registry import META, lower
+from .registry import META, lower, meta_kernel
 
 aten = torch.ops.aten
 
@@ -179,6 +179,70 @@ def randint_like(key, x, *bounds, generator=None, dtype=None, layout=None, devic
                  memory_format=None):
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64)
+
+
+def _in_float32_for_half(draw):
+    """A sampler of float arrays (`draw(key, x, *more)`) run in float32 for half-precision `x`, as the CPU
+    samples in its accumulation type; the result in `x`'s dtype."""
+    def sample(key, x, *more):
+        wide = jnp.promote_types(x.dtype, jnp.float32)
+        return draw(key, x.astype(wide), *[m.astype(wide) for m in more]).astype(x.dtype)
+    return sample
+
+
+def _gamma(key, alpha):
+    # the CPU and CUDA kernels keep every sample at least the smallest normal number (Gamma.rsample's
+    # callers divide by it), a non-positive concentration included
+    tiny = jnp.finfo(alpha.dtype).tiny
+    return jnp.where(alpha > 0, jnp.maximum(jax.random.gamma(key, alpha, dtype=alpha.dtype), tiny), tiny)
+
+
+@lower(aten._standard_gamma, random=True)
+def standard_gamma(key, alpha, generator=None):
+    return _in_float32_for_half(_gamma)(key, alpha)
+
+
+@lower(aten._standard_gamma_grad)
+def standard_gamma_grad(alpha, sample):
+    """d sample / d alpha of a Gamma(alpha, 1) sample held fixed in probability (implicit reparameterization)."""
+    wide = jnp.promote_types(alpha.dtype, jnp.float32)
+    return lax.random_gamma_grad(alpha.astype(wide), sample.astype(wide)).astype(alpha.dtype)
+
+
+@lower(aten._sample_dirichlet, random=True)
+def sample_dirichlet(key, concentration, generator=None):
+    # normalised Gamma samples, as the CPU and CUDA kernels draw them (so all-zero concentrations are uniform)
+    def draw(key, alpha):
+        gammas = _gamma(key, alpha)
+        return gammas / jnp.sum(gammas, axis=-1, keepdims=True)
+    return _in_float32_for_half(draw)(key, concentration)
+
+
+@lower(aten.poisson, random=True)
+def poisson(key, rate, generator=None):
+    checks.require((rate >= 0) | jnp.isnan(rate), RuntimeError, "invalid Poisson rate, expected rate to be non-negative")
+    counts = jax.random.poisson(key, rate.astype(jnp.promote_types(rate.dtype, jnp.float32)), dtype=jnp.int64)
+    return counts.astype(rate.dtype)
+
+
+@lower(aten.binomial, random=True)
+def binomial(key, count, probability, generator=None):
+    # as the CPU kernel: no trials for a count below 1, a probability outside [0, 1] taken as its bound
+    def draw(key, count, probability):
+        return jnp.where(count > 0, jax.random.binomial(key, jnp.maximum(count, 0), jnp.clip(probability, 0, 1)), 0)
+    return _in_float32_for_half(draw)(key, count, probability)
+
+
+@meta_kernel(aten._standard_gamma_grad.default, aten._sample_dirichlet.default)
+def _shaped_as_first(x, *args, **kwargs):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@meta_kernel(aten.binomial.default)
+def _binomial_meta(count, probability, generator=None):
+    torch._check(probability.dtype == count.dtype, lambda: f"Found dtype {scalar_type_name(probability.dtype)} but "
+                 f"expected {scalar_type_name(count.dtype)}")
+    return count.new_empty(torch.broadcast_shapes(count.shape, probability.shape))
 
 
 def _device_module_of(args, kwargs):

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from .. import patches
+
 LOWERINGS: dict = {}
 RANDOM_OPS: set = set()
 STATIC_SCALAR_OPS: set = set()
@@ -123,6 +125,19 @@ def checked_meta(check, op):
         return op(*args, **kwargs)
 
     return meta
+
+
+def meta_kernel(*ops):
+    """Register `fn` as the Meta kernel of ops that PyTorch (some release of it) gives none, where it has none:
+    neuron's eager dispatch and torch.compile's fake tensors make the ops' output metadata by it
+    (patches.meta_kernel_where_pytorch_has_none). It must make metadata alone, never call the op."""
+
+    def register(fn):
+        for op in ops:
+            patches.meta_kernel_where_pytorch_has_none(op, fn)
+        return fn
+
+    return register
 
 
 def meta_like_input(grad, x, *args, **kwargs):

@@ -15,7 +15,7 @@ import torch
 
 from .nn import native_layer_norm
 from .promotion import opmath
-from .registry import lower
+from .registry import lower, meta_kernel
 
 aten = torch.ops.aten
 
@@ -65,6 +65,11 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
 
 def _layer_norm(x, weight, bias, eps):
     return native_layer_norm(x, (x.shape[-1],), weight, bias, eps)[0]
+
+
+@meta_kernel(aten._transformer_encoder_layer_fwd.default)  # before torch 2.13
+def _shaped_as_source(src, *args, **kwargs):
+    return torch.empty_like(src)
 
 
 @lower(aten._transformer_encoder_layer_fwd)
