@@ -85,6 +85,23 @@ def test_fallback_is_counted_warned_and_correct(unlowered_op):
     assert torch.neuron.fallback_report() == torchneuron.fallback_report()
 
 
+torch.library.define("torchneuron_test::without_meta_kernel", "(Tensor x) -> Tensor")
+torch.library.impl("torchneuron_test::without_meta_kernel", "CPU", lambda x: x.clamp(-1, 1))
+
+
+def test_a_lowered_op_without_a_meta_kernel_runs_on_the_cpu(monkeypatch):
+    """A release of PyTorch may lack a lowered op's meta kernel (torch 2.11 had none for _standard_gamma):
+    without output metadata no program can be built, so the op falls back, visibly, where it raised."""
+    op = torch.ops.torchneuron_test.without_meta_kernel.default
+    monkeypatch.setitem(registry.LOWERINGS, op, lambda x: x.clip(-1, 1))
+    fallback.reset()
+    x = torch.randn(10) * 3
+    with pytest.warns(UserWarning, match="without_meta_kernel"):
+        got = op(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), x.clamp(-1, 1))
+    assert torchneuron.fallback_report() == {"torchneuron_test.without_meta_kernel.default": 1}
+
+
 def test_fallback_inplace_writes_back(unlowered_op):
     x = torch.randn(3, 4) * 3
     y = x.to("neuron")

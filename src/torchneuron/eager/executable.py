@@ -162,7 +162,11 @@ class Executable:
         except Exception as error:
             # a meta kernel written in Python (torch._refs) may reject bad input with another error than the
             # CPU kernel's: the user gets the CPU's
-            raise fallback.cpu_error(rule.op, meta_args, meta_kwargs) or error from None
+            cpu_error = fallback.cpu_error(rule.op, meta_args, meta_kwargs)
+            if cpu_error is None and _lacks_meta_kernel(rule):
+                # this PyTorch release has no meta kernel for the op: the CPU runs it (counted, reported)
+                raise LoweringFailed(rule.op, error) from None
+            raise cpu_error or error from None
 
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
         written = registry.flatten(registry.written_arguments(op.func, meta_args, meta_kwargs))
@@ -302,6 +306,11 @@ def _factory_device_index(tkwargs) -> int:
     device = dict(tkwargs).get("device")
     index = None if device is None else torch.device(device).index
     return torch.neuron.current_device() if index is None else index
+
+
+def _lacks_meta_kernel(rule) -> bool:
+    return (rule.meta is rule.op and not rule.checked_outputs
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(rule.op.name(), "Meta"))
 
 
 def _check_no_internal_overlap(spec):

@@ -233,7 +233,9 @@ def binomial(key, count, probability, generator=None):
     return _in_float32_for_half(draw)(key, count, probability)
 
 
-@meta_kernel(aten._standard_gamma_grad.default, aten._sample_dirichlet.default)
+# (_standard_gamma's and poisson's arrived in torch 2.13)
+@meta_kernel(aten._standard_gamma.default, aten.poisson.default, aten._standard_gamma_grad.default,
+             aten._sample_dirichlet.default)
 def _shaped_as_first(x, *args, **kwargs):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
