@@ -221,6 +221,44 @@ def test_grad_scaler_float16():
     assert all(torch.equal(p.detach().cpu(), a) for p, a in zip(model.parameters(), after))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sync_batch_norm_steps_pool_two_halves_as_one_batch(dtype):
+    """SyncBatchNorm's per-process kernels (CUDA's alone in PyTorch), as two processes holding half a batch
+    each use them, give what batch norm gives the whole batch: output, running statistics, gradients."""
+    generator = torch.Generator().manual_seed(0)
+    x, grad = (torch.randn(8, 3, 5, 5, generator=generator).to(dtype) for _ in range(2))
+    weight, bias = torch.randn(3, generator=generator), torch.randn(3, generator=generator)
+    device = [t.to("neuron") for t in (x, grad, weight, bias)]
+    halves, grad_halves = device[0].chunk(2), device[1].chunk(2)
+    running_mean, running_var = torch.zeros(3, device="neuron"), torch.ones(3, device="neuron")
+    with fallback.as_error():
+        stats = [torch.batch_norm_stats(half, 1e-5) for half in halves]
+        counts = torch.full((2,), 100.0, device="neuron")
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(
+            halves[0], torch.stack([m for m, _ in stats]), torch.stack([s for _, s in stats]), running_mean,
+            running_var, 0.1, 1e-5, counts)
+        out = torch.cat([torch.batch_norm_elemt(half, device[2], device[3], mean, invstd, 1e-5) for half in halves])
+        sums = [torch.batch_norm_backward_reduce(g, half, mean, invstd, device[2], True, True, True)
+                for g, half in zip(grad_halves, halves)]
+        sum_dy, sum_dy_xmu, grad_weight, grad_bias = (sum(parts) for parts in zip(*sums))
+        count = torch.full((2,), 100, dtype=torch.int32, device="neuron")
+        grad_x = torch.cat([torch.batch_norm_backward_elemt(g, half, mean, invstd, device[2], sum_dy, sum_dy_xmu, count)
+                            for g, half in zip(grad_halves, halves)])
+    assert mean.dtype == invstd.dtype == torch.float32 and out.dtype == grad_x.dtype == dtype
+
+    reference = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    reference_mean, reference_var = torch.zeros(3), torch.ones(3)
+    expected = torch.nn.functional.batch_norm(reference[0].float(), reference_mean, reference_var, reference[1],
+                                              reference[2], training=True, momentum=0.1, eps=1e-5)
+    expected.backward(grad.float())
+    tolerance = dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.cpu(), expected.detach().to(dtype), **tolerance)
+    torch.testing.assert_close(running_mean.cpu(), reference_mean, **tolerance)
+    torch.testing.assert_close(running_var.cpu(), reference_var, **tolerance)
+    for actual, wanted in zip((grad_x, grad_weight, grad_bias), reference):
+        torch.testing.assert_close(actual.cpu().float(), wanted.grad.float(), **tolerance)
+
+
 # --- checkpoints -----------------------------------------------------------------------------------------
 
 

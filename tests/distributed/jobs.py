@@ -354,9 +354,49 @@ def _train(variant: str, steps: int = 20):
     return losses, reference_losses, params, list(reference.parameters())
 
 
+def _sync_batch_norm():
+    """SyncBatchNorm under DDP, each rank holding half of each batch, computes what one BatchNorm computes
+    on the whole batch: outputs, input gradients, parameters after each step, running statistics; then the
+    same in eval mode."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(4, 2, 1))
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(reference)).to(DEVICE)
+    ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    mine = slice(RANK * 4, RANK * 4 + 4)
+    tolerance = dict(rtol=1e-4, atol=1e-5)
+    for step in range(3):
+        batch = torch.randn(8, 3, 6, 6, generator=generator)
+        x, whole = batch[mine].to(DEVICE).requires_grad_(), batch.clone().requires_grad_()
+        out, expected = ddp(x), reference(whole)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        equal(out, expected[mine].detach(), f"step {step} output", **tolerance)
+        # each rank's loss is the mean over its half: the batch statistics carry both ranks' losses back
+        equal(x.grad, 2 * whole.grad[mine], f"step {step} input gradient", **tolerance)
+        optimizer.step()
+        reference_optimizer.step()
+        optimizer.zero_grad()
+        reference_optimizer.zero_grad()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            equal(p.detach(), q.detach(), f"step {step} {name}", **tolerance)
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            equal(getattr(model[1], name), getattr(reference[1], name), f"step {step} {name}", **tolerance)
+    ddp.eval()
+    reference.eval()
+    equal(ddp(batch[mine].to(DEVICE)).detach(), reference(batch)[mine].detach(), "eval output", **tolerance)
+
+
 def job_ddp(variants: str):
     init()
     for variant in variants.split(","):
+        if variant == "sync_batch_norm":
+            _sync_batch_norm()
+            print("passed ddp sync_batch_norm", flush=True)
+            continue
         losses, reference_losses, params, reference_params = _train(variant)
         tolerance = dict(rtol=2e-2, atol=2e-3) if variant in ("fp16", "bf16") else dict(rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses), **tolerance)

@@ -153,12 +153,16 @@ def on_cpu_zeros(func, args, kwargs, dtypes=None):
 
 def cpu_error(func, args, kwargs):
     """The exception the CPU kernel raises for these arguments (zeros in place of the tensors), or None when
-    it accepts them or they are too large to try."""
+    it accepts them, they are too large to try, or the op has no CPU kernel (CUDA's flash attention and
+    SyncBatchNorm kernels, which neuron lowers: the CPU has nothing to say)."""
     tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
     if sum(t.untyped_storage().nbytes() for t in tensors) > _CPU_ERROR_BYTES:
         return None
     try:
         on_cpu_zeros(func, args, kwargs)
     except Exception as error:
-        return error
+        return None if _NO_CPU_KERNEL in str(error) else error
     return None
+
+
+_NO_CPU_KERNEL = "with arguments from the 'CPU' backend"

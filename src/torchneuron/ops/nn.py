@@ -12,7 +12,7 @@ from . import checks
 from .rules import lowering_for, vjp
 from .pooling import per_dim, window_slice
 from .promotion import cast, elementwise, opmath, scalar_type_name
-from .registry import META, checked_meta, lower, meta_like_input
+from .registry import META, checked_meta, lower, meta_kernel, meta_like_input
 
 aten = torch.ops.aten
 
@@ -197,6 +197,105 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
     dw = jnp.sum(g * xhat, axis=axes) if output_mask[1] else None
     db = jnp.sum(g, axis=axes) if output_mask[2] else None
     return dx if output_mask[0] else None, dw, db
+
+
+# SyncBatchNorm's steps within each process (torch.nn.modules._functions.SyncBatchNorm), kernels PyTorch has
+# for CUDA alone: computed as CUDA computes them, statistics in the accumulation dtype (float32 for half
+# precision) and the data's layout kept
+
+def _accumulation_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@meta_kernel(aten.batch_norm_stats.default)
+def _batch_norm_stats_meta(x, eps):
+    return tuple(x.new_empty((x.shape[1],), dtype=_accumulation_dtype(x.dtype)) for _ in range(2))
+
+
+@lower(aten.batch_norm_stats)
+def batch_norm_stats(x, eps):
+    _, mean, rstd = _normalize(opmath(x), (0,) + tuple(range(2, x.ndim)), eps)
+    return mean.reshape(-1), rstd.reshape(-1)
+
+
+@meta_kernel(aten.batch_norm_gather_stats_with_counts.default)
+def _gathered_stats_meta(x, mean, invstd, *args):
+    return mean.new_empty(mean.shape[1:]), mean.new_empty(mean.shape[1:])
+
+
+@lower(aten.batch_norm_gather_stats_with_counts)
+def batch_norm_gather_stats_with_counts(x, mean, invstd, running_mean, running_var, momentum, eps, counts):
+    """The statistics of all processes' data from each process's mean, invstd and count (one row each)."""
+    counts = counts.astype(mean.dtype)[:, None]
+    total = jnp.sum(counts)
+    global_mean = jnp.sum(counts * mean, axis=0) / total
+    spread = jnp.sum(counts * (1 / jnp.square(invstd) - eps + jnp.square(mean - global_mean)), axis=0)
+    return global_mean, lax.rsqrt(spread / total + eps)
+
+
+def _gather_stats_updating_running_statistics(x, mean, invstd, running_mean, running_var, momentum, eps, counts):
+    """CUDA's kernel also updates the running statistics, which the op's schema does not say it writes: they
+    are updated here, above the op, which stays functional."""
+    with torch._C._AutoDispatchBelowAutograd():
+        global_mean, global_invstd = aten.batch_norm_gather_stats_with_counts.default(
+            x, mean, invstd, None, None, momentum, eps, counts)
+        total = counts.sum()
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(global_mean.to(running_mean.dtype), alpha=momentum)
+        if running_var is not None:
+            unbiased = (global_invstd.double().pow(-2) - eps) * (total / (total - 1))
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    return global_mean, global_invstd
+
+
+_library = torch.library.Library("aten", "IMPL")
+_library.impl("batch_norm_gather_stats_with_counts", _gather_stats_updating_running_statistics, "AutogradPrivateUse1")
+
+
+@meta_kernel(aten.batch_norm_elemt.default)
+def _like_data(x, *args, **kwargs):
+    return torch.empty_like(x, memory_format=torch._prims_common.suggest_memory_format(x))
+
+
+@lower(aten.batch_norm_elemt)
+def batch_norm_elemt(x, weight, bias, mean, invstd, eps):
+    shape = _channel_shape(x)
+    out = (opmath(x) - mean.reshape(shape)) * invstd.reshape(shape)
+    return _affine(out, weight, bias, shape).astype(x.dtype)
+
+
+@meta_kernel(aten.batch_norm_backward_reduce.default)
+def _backward_reduce_meta(grad, x, mean, invstd, weight, input_g, weight_g, bias_g):
+    sums = [mean.new_empty(mean.shape) if input_g else None for _ in range(2)]
+    parameter = weight if weight is not None else mean
+    return (*sums, *[parameter.new_empty(mean.shape) if wanted else None for wanted in (weight_g, bias_g)])
+
+
+@lower(aten.batch_norm_backward_reduce)
+def batch_norm_backward_reduce(grad, x, mean, invstd, weight, input_g, weight_g, bias_g):
+    """Each process's sums of the gradient and of its product with the centred data (all-reduced by
+    SyncBatchNorm), and its share of the weight and bias gradients."""
+    shape, axes = _channel_shape(x), (0,) + tuple(range(2, x.ndim))
+    g = opmath(grad)
+    sum_dy = jnp.sum(g, axis=axes)
+    sum_dy_xmu = jnp.sum(g * (opmath(x) - mean.reshape(shape)), axis=axes)
+    dtype = weight.dtype if weight is not None else mean.dtype
+    return (sum_dy.astype(mean.dtype) if input_g else None, sum_dy_xmu.astype(mean.dtype) if input_g else None,
+            (sum_dy_xmu * invstd).astype(dtype) if weight_g else None, sum_dy.astype(dtype) if bias_g else None)
+
+
+meta_kernel(aten.batch_norm_backward_elemt.default)(_like_data)
+
+
+@lower(aten.batch_norm_backward_elemt)
+def batch_norm_backward_elemt(grad, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
+    shape = _channel_shape(x)
+    total = jnp.sum(count).astype(mean.dtype)
+    invstd = invstd.reshape(shape)
+    centred = opmath(x) - mean.reshape(shape)
+    dx = opmath(grad) - (sum_dy / total).reshape(shape) - centred * jnp.square(invstd) * (sum_dy_xmu / total).reshape(shape)
+    scale = invstd * opmath(weight).reshape(shape) if weight is not None else invstd
+    return (dx * scale).astype(x.dtype)
 
 
 def _embedding_meta(weight, indices, *args, **kwargs):
