@@ -237,11 +237,27 @@ def test_transformer_encoder_inference_fast_path_matches_the_cpu(norm_first, act
     assert fallback.report() == {}
 
 
-def test_transformer_encoder_nested_tensor_path_is_refused_with_its_remedy():
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("padding", [_PADDED, torch.zeros(2, 5).masked_fill(_PADDED, float("-inf")),
+                                     _PADDED.flip(-1)], ids=["bool", "float", "padded first"])
+def test_transformer_encoder_nested_tensor_path_gives_the_cpus_output(norm, padding):
     """With a padding mask under no_grad, nn.TransformerEncoder (enable_nested_tensor=True, the default) packs
-    its input into a nested tensor, which neuron cannot hold: a NotImplementedError saying how to avoid it,
-    not PyTorch's "Could not run 'aten::_to_copy' with arguments from the 'NestedTensorneuron' backend"."""
-    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-    encoder = torch.nn.TransformerEncoder(layer, 2).to("neuron").eval()
-    with torch.no_grad(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
-        encoder(torch.randn(2, 5, 16, device="neuron"), src_key_padding_mask=_PADDED.to("neuron"))
+    its unpadded tokens into a nested tensor, which neuron cannot hold, and unpads the result with zeros: on
+    neuron its layers take the padding mask instead, and the padded positions get what the CPU gives them."""
+    fallback.reset()
+
+    def make():
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        return torch.nn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(16) if norm else None)
+
+    cpu, neuron = _module_pair(make)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        expected = cpu(x, src_key_padding_mask=padding)
+        got = neuron(x.to("neuron"), src_key_padding_mask=padding.to("neuron"))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    if padding is _PADDED and not norm:
+        assert expected[1, 3:].abs().sum() == 0  # the CPU did take its nested tensor path
+    assert fallback.report() == {} and neuron.use_nested_tensor
+    with pytest.raises(NotImplementedError, match="nested tensors cannot live on neuron"):
+        torch._nested_tensor_from_mask(x.to("neuron"), padding.to("neuron") == 0)

@@ -10,6 +10,7 @@ places. `applied()` reports every patch and a test checks they are in force.
 """
 import functools
 import importlib
+import inspect
 import os
 
 import torch
@@ -417,6 +418,62 @@ def _meta_library():
     return library
 
 
+class NestedTensorsRefused(NotImplementedError):
+    def __init__(self):
+        super().__init__("torchneuron: nested tensors cannot live on neuron (torch._nested_tensor_from_mask); only "
+                         "torch.strided tensors do. Please report your use at the project's issue tracker.")
+
+
+@_patch
+def transformer_encoder_masks_padding_instead_of_nesting() -> None:
+    """nn.TransformerEncoder's inference fast path (eval, no_grad, a padding mask, enable_nested_tensor on: the
+    default) packs the unpadded tokens into a nested tensor, which neuron cannot hold, and unpads the result
+    with zeros. For neuron input the layers take the padding mask instead, which gives every unpadded token
+    the same output, and the padded positions get what unpadding and the final norm give them."""
+    nest = torch._nested_tensor_from_mask
+
+    def nest_on_host_only(tensor, mask, mask_check=True):
+        if type(tensor) is NeuronTensor:
+            raise NestedTensorsRefused()
+        return nest(tensor, mask, mask_check)
+
+    torch._nested_tensor_from_mask = nest_on_host_only
+    left_aligned = torch._nested_tensor_from_mask_left_aligned
+
+    def left_aligned_on_the_device(tensor, mask):
+        # whether each row's unmasked tokens come first, which decides whether the CPU would unpad with zeros
+        if type(mask) is NeuronTensor:
+            return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
+        return left_aligned(tensor, mask)
+
+    torch._nested_tensor_from_mask_left_aligned = left_aligned_on_the_device
+    encoder_forward = torch.nn.TransformerEncoder.forward
+
+    @functools.wraps(encoder_forward)
+    def forward(self, src, *args, **kwargs):
+        try:
+            return encoder_forward(self, src, *args, **kwargs)
+        except NestedTensorsRefused:
+            padding = _argument(encoder_forward, "src_key_padding_mask", args, kwargs)
+        self.use_nested_tensor = False
+        try:
+            out = encoder_forward(self, src, *args, **kwargs)
+        finally:
+            self.use_nested_tensor = True
+        # the fast path runs batch-first encoders only: padding is (batch, sequence) as the output's first dims
+        filler = src.new_zeros(src.shape[-1])
+        if self.norm is not None:
+            filler = self.norm(filler)
+        return torch.where(padding.bool().unsqueeze(-1), filler, out)
+
+    torch.nn.TransformerEncoder.forward = forward
+
+
+def _argument(function, name, args, kwargs):
+    """The value `function(self, src, *args, **kwargs)` got for the parameter `name`."""
+    return inspect.signature(function).bind(None, None, *args, **kwargs).arguments.get(name)
+
+
 @_patch
 def profiler_activity_named_neuron() -> None:
     """torch.profiler.ProfilerActivity names the PrivateUse1 activity after the renamed backend from torch 2.13
@@ -462,6 +519,7 @@ def apply() -> None:
     torch_load_map_location_neuron()
     foreach_tensor_type()
     tied_parameters_on_conversion()
+    transformer_encoder_masks_padding_instead_of_nesting()
     accelerator_api_routes_to_torch_neuron()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()

@@ -88,18 +88,13 @@ def run_on_cpu(func, args, kwargs):
                 kind = "nested" if value.is_nested else str(value.layout)
                 raise NotImplementedError(
                     f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron. "
-                    + (_NESTED_HINT if value.is_nested else "") + "Please report the op at the project's issue tracker."
+                    "Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
             return original if original is not None else value.to(device)
         return value
 
     return tree_map(to_neuron, out)
-
-
-# the one place PyTorch makes nested tensors of a user's dense ones
-_NESTED_HINT = ("nn.TransformerEncoder makes one under no_grad when given a padding mask: construct it with "
-                "enable_nested_tensor=False. ")
 
 
 def _is_neuron(device) -> bool:
