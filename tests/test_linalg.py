@@ -183,3 +183,14 @@ def test_float32_products_follow_pytorchs_matmul_precision(set_matmul_precision,
     torch.nn.functional.conv2d(a[None, None], a[None, None, :3, :3]).cpu()
     assert _product_precisions(torch.ops.aten.mm.default, setting) == {precision}
     assert _product_precisions(torch.ops.aten.convolution.default, setting) == {precision}
+
+
+def test_int8_products_sum_exactly_in_int32():
+    """torch._int_mm (torchao's int8 dynamic quantization) on the device, with the CPU's errors."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=generator)
+    b = torch.randint(-128, 128, (64, 24), dtype=torch.int8, generator=generator)
+    with fallback.as_error():
+        assert_same(torch._int_mm(a.to("neuron"), b.to("neuron")), torch._int_mm(a, b))
+        with pytest.raises(RuntimeError, match="int_mm_out_cpu: Expected mat2 dtype to be of type int8"):
+            torch._int_mm(a.to("neuron"), b.float().to("neuron"))

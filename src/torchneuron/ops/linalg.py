@@ -26,6 +26,12 @@ def mm(a, b):
     return _product(a, b).astype(a.dtype)
 
 
+@lower(aten._int_mm)
+def int_mm(a, b):
+    """8-bit integer products summed in int32 (torchao's int8 dynamic quantization)."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+
+
 @lower(aten.mv)
 def mv(a, v):
     return _product(a, v).astype(a.dtype)
