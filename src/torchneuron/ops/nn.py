@@ -130,6 +130,11 @@ def _channel_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
+def _all_but_channels(x):
+    """The axes batch norm reduces: all but the channels' (1)."""
+    return (0,) + tuple(range(2, x.ndim))
+
+
 def _eval_statistics_meta(op, training_position):
     """The CPU kernels save empty statistics in eval mode; the meta kernels per-channel ones (as CUDA does)."""
     def meta(x, *args, **kwargs):
@@ -146,7 +151,7 @@ META[aten._native_batch_norm_legit.default] = _eval_statistics_meta(aten._native
 @lower(aten._native_batch_norm_legit_functional)
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     v = opmath(x)
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = _all_but_channels(x)
     shape = _channel_shape(x)
     if training:
         out, mean, rstd = _normalize(v, axes, eps)
@@ -173,7 +178,7 @@ def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum,
 @lower(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     v = opmath(x)
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = _all_but_channels(x)
     out, mean, rstd = _normalize(v, axes, eps)
     return _affine(out, weight, bias, _channel_shape(x)).astype(x.dtype), mean.reshape(-1), rstd.reshape(-1)
 
@@ -182,7 +187,7 @@ def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
     g, v = opmath(grad), opmath(x)
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = _all_but_channels(x)
     shape = _channel_shape(x)
     if train:
         mean, rstd = save_mean.reshape(shape), save_invstd.reshape(shape)
@@ -214,7 +219,7 @@ def _batch_norm_stats_meta(x, eps):
 
 @lower(aten.batch_norm_stats)
 def batch_norm_stats(x, eps):
-    _, mean, rstd = _normalize(opmath(x), (0,) + tuple(range(2, x.ndim)), eps)
+    _, mean, rstd = _normalize(opmath(x), _all_but_channels(x), eps)
     return mean.reshape(-1), rstd.reshape(-1)
 
 
@@ -275,7 +280,7 @@ def _backward_reduce_meta(grad, x, mean, invstd, weight, input_g, weight_g, bias
 def batch_norm_backward_reduce(grad, x, mean, invstd, weight, input_g, weight_g, bias_g):
     """Each process's sums of the gradient and of its product with the centred data (all-reduced by
     SyncBatchNorm), and its share of the weight and bias gradients."""
-    shape, axes = _channel_shape(x), (0,) + tuple(range(2, x.ndim))
+    shape, axes = _channel_shape(x), _all_but_channels(x)
     g = opmath(grad)
     sum_dy = jnp.sum(g, axis=axes)
     sum_dy_xmu = jnp.sum(g * (opmath(x) - mean.reshape(shape)), axis=axes)
