@@ -66,3 +66,37 @@ def test_convolution_gradients(dims, kernel, stride, padding, dilation, groups):
         grads[device] = [leaf.grad for leaf in leaves]
     for got, want in zip(grads["neuron"], grads["cpu"]):
         assert_same(got, want, rtol=1e-4, atol=1e-4)
+
+
+CHANNELS_LAST = [  # conv, input shape, weight shape, memory format, which of input/weight is in it
+    (F.conv2d, (2, 3, 8, 8), (8, 3, 3, 3), torch.channels_last, "input"),
+    (F.conv2d, (2, 3, 8, 8), (8, 3, 3, 3), torch.channels_last, "weight"),
+    (F.conv_transpose2d, (2, 3, 8, 8), (3, 4, 3, 3), torch.channels_last, "input"),
+    (F.conv3d, (2, 3, 4, 6, 6), (4, 3, 3, 3, 3), torch.channels_last_3d, "input"),
+]
+
+
+@pytest.mark.parametrize("conv, input_shape, weight_shape, memory_format, which", CHANNELS_LAST)
+def test_channels_last_convolutions_keep_the_layout_as_the_cpu_and_cuda(conv, input_shape, weight_shape,
+                                                                       memory_format, which):
+    """A channels-last input or weight gives a channels-last result and gradients, with the CPU's strides:
+    code written for channels-last models (`y.permute(0, 2, 3, 1).view(...)`) relies on them. A compiled
+    graph's fake convolution agrees."""
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(input_shape, generator=generator), torch.randn(weight_shape, generator=generator)
+    x, w = (t.to(memory_format=memory_format) if which == name else t for t, name in ((x, "input"), (w, "weight")))
+    leaves = [t.clone().requires_grad_() for t in (x, w)]
+    device_leaves = [t.to("neuron").requires_grad_() for t in (x, w)]
+    expected, got = conv(*leaves), conv(*device_leaves)
+    assert got.stride() == expected.stride() and got.is_contiguous(memory_format=memory_format)
+    assert_same(got, expected.detach(), atol=1e-4, rtol=1e-4)
+    expected.sum().backward()
+    got.sum().backward()
+    for device_leaf, leaf in zip(device_leaves, leaves):
+        assert device_leaf.grad.stride() == leaf.grad.stride()
+        assert_same(device_leaf.grad, leaf.grad, atol=1e-4, rtol=1e-4)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = conv(mode.from_tensor(device_leaves[0].detach()), mode.from_tensor(device_leaves[1].detach()))
+    assert fake.stride() == expected.stride()

@@ -16,6 +16,7 @@ import os
 import torch
 
 from .runtime import events
+from .runtime.layout import conv_memory_format
 from .runtime.tensor import NeuronTensor
 
 _APPLIED = []
@@ -475,6 +476,22 @@ def _argument(function, name, args, kwargs):
 
 
 @_patch
+def fake_convolutions_on_neuron_take_the_eager_memory_format() -> None:
+    """torch.compile's fake convolution (and its backward) asks the backend PyTorch would pick for the device
+    which memory format the result takes; for a PrivateUse1 device that backend answers contiguous. Neuron
+    answers as its eager convolutions do (channels-last for a channels-last input or weight, as CUDA), so a
+    compiled convolution's result has the strides of the eager one."""
+    determine = torch._C._conv_determine_backend_memory_format
+
+    def determine_for_neuron(input, weight, backend):
+        if input.device.type == "neuron":
+            return conv_memory_format(input, weight)
+        return determine(input, weight, backend)
+
+    torch._C._conv_determine_backend_memory_format = determine_for_neuron
+
+
+@_patch
 def profiler_activity_named_neuron() -> None:
     """torch.profiler.ProfilerActivity names the PrivateUse1 activity after the renamed backend from torch 2.13
     on; older releases know it only as PrivateUse1, and `ProfilerActivity.NEURON` failed."""
@@ -520,6 +537,7 @@ def apply() -> None:
     foreach_tensor_type()
     tied_parameters_on_conversion()
     transformer_encoder_masks_padding_instead_of_nesting()
+    fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()

@@ -8,6 +8,7 @@ import torch
 from jax import lax
 
 from ..runtime.dtypes import to_torch
+from ..runtime.layout import conv_memory_format
 from . import checks
 from .rules import lowering_for, vjp
 from .pooling import per_dim, window_slice
@@ -460,7 +461,9 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
     ):
         if not all(ok(v) for v in values):
             raise RuntimeError(message)
-    return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    out = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    # PyTorch's meta kernel leaves the memory format to the backend (its backward's follows this rule)
+    return out.to(memory_format=conv_memory_format(x, w))
 
 
 @lower(aten.convolution, meta=_convolution_meta)

@@ -191,3 +191,13 @@ def _reinterpret(flat, dtype):
     if ratio > 1:
         flat = flat.reshape(-1, int(ratio))
     return lax.bitcast_convert_type(flat, dtype).reshape(-1)
+
+
+def conv_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """The memory format of a convolution's result (and of its input and weight gradients), as the CPU's
+    oneDNN and CUDA's cudnn give it: channels-last when the input or the weight is channels-last."""
+    for t in (input, weight):
+        layout = torch._prims_common.suggest_memory_format(t)
+        if layout in (torch.channels_last, torch.channels_last_3d):
+            return layout
+    return torch.contiguous_format
