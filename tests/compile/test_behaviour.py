@@ -250,6 +250,30 @@ def test_compiled_training_holds_no_more_memory_than_eager():
     assert torch.neuron.memory_allocated() == base
 
 
+def test_a_compiled_linear_layer_saves_its_weight_not_a_copy():
+    """AOTAutograd's forward saves `t(weight)` for the backward: a view of the weight, as eager autograd saves
+    the weight itself (it was a copy of each weight, held from the forward to the backward)."""
+    weight = torch.randn(256, 256).to("neuron").requires_grad_()
+    x = torch.randn(2, 256).to("neuron").requires_grad_()
+
+    def layer(x):
+        return torch.nn.functional.linear(x, weight).relu()
+
+    growth, grads = {}, {}
+    for name, f in (("eager", layer), ("compiled", torch.compile(layer, backend="neuron"))):
+        f(x).sum().backward()  # compiles
+        weight.grad = x.grad = None
+        base = torch.neuron.memory_allocated()
+        y = f(x)
+        growth[name] = torch.neuron.memory_allocated() - base
+        y.sum().backward()
+        grads[name] = weight.grad.cpu(), x.grad.cpu()
+        weight.grad = x.grad = None
+    assert growth["compiled"] <= growth["eager"] < weight.nbytes
+    for got, expected in zip(grads["compiled"], grads["eager"]):
+        torch.testing.assert_close(got, expected)
+
+
 def _cat_to_empty(x):
     return torch.cat([torch.tensor([], device=x.device), x]) * 2
 
@@ -410,3 +434,38 @@ def test_a_random_op_inside_control_flow_runs_the_op_between_pieces():
     torch.testing.assert_close(got, expected)
     assert set(got.tolist()) == {0.0, 2.0}
     assert "cond" in str(neuron_compile.report()["eager_ops"])
+
+
+def _relu_of_a_convolution(x, w):
+    return torch.relu(torch.nn.functional.conv2d(x, w, padding=1))
+
+
+def _channels_last(t):
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+LAID_OUT = [  # a function, its inputs: an output eager lays out densely but not row-major
+    (_relu_of_a_convolution, lambda: (_channels_last(torch.randn(2, 3, 6, 6)), torch.randn(8, 3, 3, 3))),
+    (lambda a: (a * 2).t(), lambda: (torch.randn(3, 4),)),
+    (lambda a: (a * 2).permute(1, 0, 2), lambda: (torch.randn(3, 4, 5),)),
+]
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("f, inputs", LAID_OUT)
+def test_outputs_are_laid_out_as_eager_lays_them_out(f, inputs, training):
+    """A compiled function's outputs have the strides eager gives them (and Inductor's programs), as the graph's
+    fake tensors say: channels-last after a channels-last convolution, transposed after a transpose. They were
+    row-major, so channels-last code doing `y.permute(0, 2, 3, 1).view(...)` raised only when compiled."""
+    torch.manual_seed(0)
+    cpu_inputs = [t.requires_grad_(training) for t in inputs()]
+    device_inputs = [t.detach().to("neuron").requires_grad_(training) for t in cpu_inputs]
+    expected, got = f(*cpu_inputs), torch.compile(f, backend="neuron")(*device_inputs)
+    assert got.stride() == expected.stride() != torch.empty(expected.shape).stride()
+    torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
+    if training:
+        weights = torch.linspace(-1, 1, expected.numel()).reshape(expected.shape)
+        expected.backward(weights)
+        got.backward(weights.to("neuron"))
+        for device_input, cpu_input in zip(device_inputs, cpu_inputs):
+            torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad, rtol=1e-4, atol=1e-4)

@@ -12,6 +12,8 @@ import hashlib
 import jax
 import numpy as np
 import torch
+from torch._library.utils import lookup_op
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
@@ -23,7 +25,7 @@ from ..runtime import events, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
                                storage_views)
-from ..runtime.layout import contiguous_strides
+from ..runtime.layout import contiguous_strides, is_contiguous, lay_out
 from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
 from .stats import counters
@@ -53,8 +55,11 @@ class CompiledGraph:
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
         self.out_aliases = _output_aliases(leaves)
+        self.out_views = _views_of_inputs(leaves, placeholders, self.mutated, self.out_aliases)
+        fakes = [getattr(v, "meta", {}).get("val") for v in leaves]
         # a result's dtype is the graph's, not its array's: complex32 is carried as complex64
-        self.out_dtypes = [getattr(getattr(v, "meta", {}).get("val"), "dtype", None) for v in leaves]
+        self.out_dtypes = [getattr(fake, "dtype", None) for fake in fakes]
+        self.out_layouts = [_dense_layout(fake) for fake in fakes]
         self.default_device = _meta_device(gm)
         # a graph with collectives runs as one program of all its group's ranks (ops.collectives)
         self.group = collectives.group_of(gm)
@@ -163,6 +168,35 @@ def _output_aliases(leaves) -> dict:
     return aliases
 
 
+def _views_of_inputs(leaves, placeholders, mutated, aliases) -> dict:
+    """Outputs that are views of an input the graph does not write, by position: {output: (input, [(view op's
+    name, its other arguments, its keyword arguments), ...])}, names as a precompiled function pickles them.
+    AOTAutograd's forward saves `t(weight)` of every linear layer for the backward; made as a view of the input
+    at each run, as Inductor makes it, it is no copy of the weight (a program's output would be one, in the
+    step's memory until the backward)."""
+    views = {}
+    for j, leaf in enumerate(leaves):
+        chain, node = [], leaf
+        while _is_static_view(node):
+            chain.append((node.target.name(), node.args[1:], node.kwargs))
+            node = node.args[0]
+        if chain and j not in aliases and getattr(node, "op", None) == "placeholder":
+            source = placeholders.index(node)
+            if source not in mutated:
+                views[j] = (source, chain[::-1])
+    return views
+
+
+def _is_static_view(node) -> bool:
+    """A node viewing its first argument, a tensor, by arguments fixed in the graph (no sizes computed in it)."""
+    if not (isinstance(node, torch.fx.Node) and _is_op(node) and isinstance(node.args[0], torch.fx.Node)):
+        return False
+    returns = node.target._schema.returns
+    if len(returns) != 1 or returns[0].alias_info is None or returns[0].alias_info.is_write:
+        return False
+    return not any(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves((node.args[1:], node.kwargs)))
+
+
 def _cpu_dtype_refusal(gm):
     """The error of the first op whose CPU kernel refuses its dtypes, as eager raises it (eager.cpu_dtypes):
     asked once, here, of real CPU tensors (the compiler's fake mode is still on)."""
@@ -211,9 +245,31 @@ def _meta_device(gm) -> int:
     return 0
 
 
+def _dense_layout(fake):
+    """(shape, strides) of an output whose fake tensor lays it out densely but not row-major (channels-last,
+    a transpose): its program writes it so, as Inductor's programs and the eager ops do, for code that reads
+    the layout (`y.permute(0, 2, 3, 1).view(...)`, `is_contiguous`). None for the rest, made contiguous: those
+    laid out row-major, those of symbolic sizes, and views into a larger intermediate or expanded ones,
+    which would carry memory they do not show."""
+    if not isinstance(fake, torch.Tensor):
+        return None
+    shape, stride = tuple(fake.shape), tuple(fake.stride())
+    if not all(type(v) is int for v in shape + stride) or is_contiguous(shape, stride):
+        return None
+    return (shape, stride) if is_non_overlapping_and_dense_or_false(fake) else None
+
+
+def _output_strides(dense_layout, shape) -> tuple:
+    """An array output's strides: its fake tensor's dense layout where it has one for this shape, else
+    row-major."""
+    if dense_layout is not None and dense_layout[0] == tuple(shape):
+        return dense_layout[1]
+    return contiguous_strides(shape)
+
+
 def _output_specs(array_outputs) -> list:
     """(position, view spec) of each array output, built once: outputs are made at every call."""
-    return [(j, (tuple(shape), contiguous_strides(shape), 0, dtype)) for j, shape, dtype in array_outputs]
+    return [(j, (tuple(shape), stride, 0, dtype)) for j, shape, stride, dtype in array_outputs]
 
 
 class _Program:
@@ -233,8 +289,10 @@ class _Program:
         array_outputs, constants = [], {}
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if i in positions else a for i, a in enumerate(args)]
-        sources, aliases, dtypes = graph.out_sources, graph.out_aliases, graph.out_dtypes
-        self.aliases = aliases
+        sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
+        self.aliases = aliases = graph.out_aliases
+        self.input_views = {j: (source, [(lookup_op(name), *arguments) for name, *arguments in chain])
+                            for j, (source, chain) in graph.out_views.items()}
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
         def compute(values, extras):
@@ -247,11 +305,12 @@ class _Program:
                                                     rng.key_from(extras[0]) if extras else None)
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs), sources)):
-                if source is not None or j in aliases:
+                if source is not None or j in aliases or j in self.input_views:
                     continue
                 if isinstance(value, jax.Array):
-                    array_outputs.append((j, value.shape, dtypes[j] or to_torch(value.dtype)))
-                    arrays.append(value.reshape(-1))
+                    stride = _output_strides(layouts[j], value.shape)
+                    array_outputs.append((j, value.shape, stride, dtypes[j] or to_torch(value.dtype)))
+                    arrays.append(lay_out(value, value.shape, stride))
                 else:
                     constants[j] = value
             return arrays, {k: finals[positions[k]] for k in mutated_inputs}
@@ -309,6 +368,11 @@ class _Program:
             outputs[j] = value
         for (j, spec), array in zip(self.output_specs, results[n_written:]):
             outputs[j] = new_tensor(array, spec, self.device_index)
+        for j, (source, chain) in self.input_views.items():
+            view = args[source]
+            for op, view_args, view_kwargs in chain:
+                view = op(view, *view_args, **view_kwargs)
+            outputs[j] = view
         for j, aliased in self.aliases.items():
             base = outputs[aliased]
             outputs[j] = wrap(base._storage, *base._spec[:4])

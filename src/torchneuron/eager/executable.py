@@ -359,8 +359,4 @@ def _build_output(plan, tensors, fresh):
 def _materialize(value, spec):
     """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
     shape, stride, offset, dtype = spec
-    value = jax.numpy.broadcast_to(convert_to(value, dtype), shape)
-    if offset == 0 and layout.is_contiguous(shape, stride):
-        return value.reshape(-1)
-    numel = layout.storage_extent(shape, stride, offset)
-    return layout.write(jax.numpy.zeros((numel,), value.dtype), value, shape, stride, offset)
+    return layout.lay_out(jax.numpy.broadcast_to(convert_to(value, dtype), shape), shape, stride, offset)

@@ -131,6 +131,14 @@ def write(buffer, value, shape, stride, offset):
     return lax.dynamic_update_slice(buffer, region, (offset,))
 
 
+def lay_out(value, shape, stride, offset: int = 0):
+    """A new storage buffer holding `value` (an array of `shape`) laid out as the view (shape, stride, offset)
+    says: what an executable returns for each tensor it makes."""
+    if offset == 0 and is_contiguous(shape, stride):
+        return value.reshape(-1)
+    return write(jnp.zeros((storage_extent(shape, stride, offset),), value.dtype), value, shape, stride, offset)
+
+
 def read_view(buffer, spec, storage_dtype, offset=None):
     """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`
     (of storage_dtype); `offset`, when given, is a traced element offset that replaces the spec's."""
