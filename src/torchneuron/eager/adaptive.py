@@ -59,7 +59,7 @@ class Queue:
         self.ops = []  # (executable, argument value numbers, number of its first output)
         self.externals = []  # the values that exist: buffers, scalars, random keys
         self.external_values = []  # their value numbers
-        self.inputs = {}  # id(array), or a Python number's scalar_key -> value number (see `_input`)
+        self.inputs = {}  # id(array), or a Python number's scalar_key -> value number (see `_new_input`)
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
@@ -74,7 +74,7 @@ class Queue:
                 self.flush()
                 self.device_index, self.thread = executable.device_index, thread
                 _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
-            args = []
+            inputs, args = self.inputs, []
             for p in executable.argument_storages:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
@@ -84,14 +84,21 @@ class Queue:
                     buffer = buffer.array
                 elif buffer is None:
                     buffer = storages[p].buffer
-                args.append(self._input(id(buffer), buffer))
+                number = inputs.get(id(buffer))
+                args.append(self._new_input(id(buffer), buffer) if number is None else number)
             for extra in extras:
                 key = scalar_key(type(extra), extra, self.device_index) if type(extra) in _NUMBERS else id(extra)
-                args.append(self._input(key, extra))
+                number = inputs.get(key)
+                args.append(self._new_input(key, extra) if number is None else number)
             first = self.n_values
-            pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(executable.output_sizes)]
+            sizes = executable.output_sizes
+            if len(sizes) == 1:
+                pendings = [Pending(sizes[0], first, self._run)]
+                self.pendings.append(weakref.ref(pendings[0]))
+            else:
+                pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(sizes)]
+                self.pendings += map(weakref.ref, pendings)
             self.n_values += len(pendings)
-            self.pendings += map(weakref.ref, pendings)
             self.ops.append((executable, tuple(args), first))
             if len(self.ops) >= self.limit:
                 self.flush()
@@ -112,17 +119,17 @@ class Queue:
         self._sighted[key] = None
         return True
 
-    def _input(self, key, value) -> int:
-        """The value number of `value`, which exists, one input however many ops read it: an array (a buffer,
-        a kept device scalar, a random key) by identity, a number given as itself (transfer.device_scalars) by
-        its type and bits. A foreach optimizer step gives each parameter its own copy of the step size, and
-        each number passed to an executable is a transfer at the call (1-2 us each on XLA:CPU)."""
-        number = self.inputs.get(key)
-        if number is None:
-            number = self.inputs[key] = self.n_values
-            self.externals.append(value)
-            self.external_values.append(number)
-            self.n_values += 1
+    def _new_input(self, key, value) -> int:
+        """The value number of `value`, which exists and is no input yet; `record` looks the inputs up itself (a
+        method call per argument is a measurable part of queueing an op). One input however many ops read it:
+        an array (a buffer, a kept device scalar, a random key) by identity, a number given as itself
+        (transfer.device_scalars) by its type and bits. A foreach optimizer step gives each parameter its own
+        copy of the step size, and each number passed to an executable is a transfer at the call (1-2 us each
+        on XLA:CPU)."""
+        number = self.inputs[key] = self.n_values
+        self.externals.append(value)
+        self.external_values.append(number)
+        self.n_values += 1
         return number
 
     def flush(self) -> None:
