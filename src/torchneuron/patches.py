@@ -525,23 +525,29 @@ def compiled_optimizers_capture_on_neuron() -> None:
     OptimizerVariable._set_capturable = set_capturable
 
 
-def dynamo_traces_the_transformer_encoder() -> None:
-    """Dynamo skips torchneuron's frames (dynamo_skips_torchneuron_frames), among them the wrapper
-    transformer_encoder_masks_padding_instead_of_nesting puts around nn.TransformerEncoder.forward: every
-    compiled model with an encoder broke its graph there, on any device, and `fullgraph=True` or precompiling
-    (`aot_compile`) failed. Dynamo traces the wrapper, as it traced PyTorch's forward."""
-    forward = torch.nn.TransformerEncoder.forward
-    if getattr(forward, "neuron_patched", False):
-        return
-    traced = functools.wraps(forward)(torch._dynamo.dont_skip_tracing(forward))
-    traced.neuron_patched = True
-    torch.nn.TransformerEncoder.forward = traced
+def dynamo_traces_our_wrappers_of_traced_functions() -> None:
+    """Dynamo skips torchneuron's frames (dynamo_skips_torchneuron_frames), among them the wrappers runtime
+    patches put around PyTorch functions that compiled code calls: nn.TransformerEncoder.forward
+    (transformer_encoder_masks_padding_instead_of_nesting) and flex attention's device check
+    (flex_attention_accepts_neuron). Each broke the graph there, on any device once torchneuron was imported,
+    and `fullgraph=True` or precompiling (`aot_compile`) failed. Dynamo traces them, as it traced PyTorch's."""
+    for owner, name in _traced_wrappers():
+        function = getattr(owner, name)
+        if not getattr(function, "neuron_patched", False):
+            traced = functools.wraps(function)(torch._dynamo.dont_skip_tracing(function))
+            traced.neuron_patched = True
+            setattr(owner, name, traced)
+
+
+def _traced_wrappers() -> tuple:
+    return ((torch.nn.TransformerEncoder, "forward"),
+            (importlib.import_module("torch.nn.attention.flex_attention"), "_validate_device"))
 
 
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
                     proxy_tracing_takes_neuron_tensors_as_tensors, dynamo_skips_torchneuron_frames,
                     flex_attention_runs_under_aot_analysis, compiled_optimizers_capture_on_neuron,
-                    dynamo_traces_the_transformer_encoder)
+                    dynamo_traces_our_wrappers_of_traced_functions)
 
 
 def apply() -> None:
@@ -585,7 +591,8 @@ def applied() -> dict:
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),
-        "dynamo_traces_the_transformer_encoder": getattr(torch.nn.TransformerEncoder.forward, "neuron_patched", False),
+        "dynamo_traces_our_wrappers_of_traced_functions": all(
+            getattr(getattr(owner, name), "neuron_patched", False) for owner, name in _traced_wrappers()),
         "meta_kernel_where_pytorch_has_none": all(
             torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta") for op in _META_KERNELS_GIVEN),
     }

@@ -471,15 +471,27 @@ def test_outputs_are_laid_out_as_eager_lays_them_out(f, inputs, training):
             torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("device, backend", [("cpu", "eager"), ("neuron", "neuron")])
-def test_a_transformer_encoder_compiles_into_one_graph(device, backend):
-    """torchneuron wraps nn.TransformerEncoder.forward (patches.transformer_encoder_masks_padding_instead_of_nesting)
-    and Dynamo skips torchneuron's code: every compiled encoder broke its graph at the wrapper, on any device
-    once torchneuron was imported, so `fullgraph=True` and precompiling failed. Dynamo traces it now."""
-    torch.manual_seed(0)
+def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-    encoder = torch.nn.TransformerEncoder(layer, 2)
-    x = torch.randn(2, 5, 16)
-    expected = encoder(x)
-    compiled = torch.compile(encoder.to(device), backend=backend, fullgraph=True)
+    return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)
+
+
+def _flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return lambda q: flex_attention(q, q, q), torch.randn(1, 2, 16, 8)
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "eager"), ("neuron", "neuron")])
+@pytest.mark.parametrize("make", [_transformer_encoder, _flex_attention])
+def test_pytorch_code_torchneuron_wraps_compiles_into_one_graph(make, device, backend):
+    """torchneuron wraps nn.TransformerEncoder.forward and flex attention's device check (runtime patches), and
+    Dynamo skips torchneuron's code: every compiled model with either broke its graph at the wrapper, on any
+    device once torchneuron was imported, so `fullgraph=True` and precompiling failed. Dynamo traces them."""
+    torch.manual_seed(0)
+    f, x = make()
+    expected = f(x)
+    if isinstance(f, torch.nn.Module):
+        f = f.to(device)
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
     torch.testing.assert_close(compiled(x.to(device)).cpu(), expected, rtol=1e-4, atol=1e-4)
