@@ -137,6 +137,28 @@ def test_precompiled_whole_graphs_are_unpickled_only_to_trace_a_program(tmp_path
         assert {k: loaded[k] for k in ("loss", "host", "grad")} == {k: saved[k] for k in ("loss", "host", "grad")}
 
 
+# a process saving as an older torchneuron release would: other source, a CompiledGraph without a later attribute
+AS_AN_OLDER_RELEASE = """from torchneuron.compile import disk_cache, executable
+disk_cache.source_digest = lambda: "an older release"
+saved = executable.CompiledGraph.saved
+executable.CompiledGraph.saved = lambda self: {k: v for k, v in saved(self).items() if k != "out_layouts"}
+"""
+
+
+def test_a_function_precompiled_by_another_release_is_compiled_again_from_its_graphs(tmp_path):
+    """PyTorch's AOTAutograd cache and saved precompiled functions outlive a torchneuron upgrade, and their keys
+    do not name it: a loaded graph that other torchneuron code saved is compiled again from its ATen graph, with
+    the same results (it was run from the other code's saved state, and failed on an attribute it lacked)."""
+    path = str(tmp_path / "step.bin")
+    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}
+    imports = "import json, os, sys, torch\n"
+    older = WHOLE_GRAPHS_STEP.replace(imports, imports + AS_AN_OLDER_RELEASE, 1)
+    saved = json.loads(_run(older, env, path))
+    loaded = json.loads(_run(WHOLE_GRAPHS_STEP, env, path))
+    assert loaded["graphs_unpickled"] == 2 and loaded["report"]["dynamo_graphs"] == 0
+    assert {k: loaded[k] for k in ("loss", "host", "grad")} == {k: saved[k] for k in ("loss", "host", "grad")}
+
+
 def _size(directory) -> int:
     return sum(entry.stat().st_size for entry in os.scandir(directory))
 

@@ -34,6 +34,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ops import collectives, control_flow, registry, rules
+from . import disk_cache
 from .executable import CompiledGraph
 from .stats import counters, eager_ops, host_ops
 
@@ -167,7 +168,7 @@ class NeuronCode(OutputCode):
         super().__init__()
         # on the instance: wrappers AOTAutograd puts around a loaded backward copy its __dict__, not its class
         self._boxed_call = True
-        self.gm, self.serialized, self.saved_graph = gm, None, None
+        self.gm, self.serialized, self.saved_graph, self.saved_by = gm, None, None, None
         start = time.perf_counter_ns()
         self.run = compile_graph(gm, example_inputs)
         # what AOTAutograd's cache reports as saved by a hit (torch 2.11 fails on a hit without it)
@@ -183,13 +184,17 @@ class NeuronCode(OutputCode):
             self.serialized = GraphPickler.dumps(self.gm, Options(ops_filter=None))
         whole = isinstance(self.run, CompiledGraph) and self.run.portable
         self.saved_graph = self.run.saved() if whole else None
+        self.saved_by = disk_cache.source_digest()
         self.gm = self.run = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
         if self.run is not None:
             return
         load = functools.partial(_load_graph, self.serialized, detect_fake_mode(example_inputs))
-        if self.saved_graph is None:
+        # PyTorch's AOTAutograd cache and saved precompiled functions outlive a torchneuron upgrade, and their keys
+        # do not name it: a CompiledGraph saved by other torchneuron code is compiled again from the ATen graph
+        # (none saved before this check was written has `saved_by`)
+        if self.saved_graph is None or getattr(self, "saved_by", None) != disk_cache.source_digest():
             self.run = compile_graph(load(), example_inputs)
         else:
             counters["graphs"] += 1

@@ -24,7 +24,7 @@ from .stats import counters
 
 
 @functools.cache
-def _source_digest() -> str:
+def source_digest() -> str:
     """The torchneuron source the graph's lowering came from."""
     digest = hashlib.sha256()
     package = pathlib.Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def path_for(graph: str, signature, device: int):
     digest = hashlib.sha256()
     # the PJRT device, not the neuron index: processes sharing a runtime (torch.distributed) share the
     # cache directory, and each one's executable is loaded onto the device it was compiled for
-    for part in (_source_digest(), str(jax_device(device)), graph, repr(signature)):
+    for part in (source_digest(), str(jax_device(device)), graph, repr(signature)):
         digest.update(part.encode())
         digest.update(b"\0")
     return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
