@@ -29,6 +29,12 @@ print(json.dumps({"report": report(), "loss": loss.item(), "out": out.cpu().toli
 """
 
 
+def _caches(tmp_path, neuron="cache") -> dict:
+    """The torchneuron cache `tmp_path / neuron`, and an AOTAutograd cache of the test's own: PyTorch keys its
+    entries without naming torchneuron, so a developer's cache may hold graphs other torchneuron code saved."""
+    return {"TORCHNEURON_CACHE_DIR": str(tmp_path / neuron), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+
+
 def _run(code, env_extra, *argv):
     path = [SRC] + ([METADATA_DIR] if METADATA_DIR else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **env_extra)
@@ -99,7 +105,7 @@ print(json.dumps({"report": report(), "loss": loss.item(), "host": host.item(), 
 def test_precompiled_function_runs_in_a_fresh_process_without_tracing(tmp_path):
     """`torch.compile(...).aot_compile` saves Dynamo's and AOTAutograd's work: a process that loads it traces
     nothing, and its graphs' programs come from the disk cache. The graph's CPU part is saved with it."""
-    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}
+    env = _caches(tmp_path)
     path = str(tmp_path / "step.bin")
     saved = json.loads(_run(PRECOMPILED_STEP, env, path))
     loaded = json.loads(_run(PRECOMPILED_STEP, env, path))
@@ -126,9 +132,9 @@ def test_precompiled_whole_graphs_are_unpickled_only_to_trace_a_program(tmp_path
     whose disk cache holds the programs never unpickles the graph (its fake tensors were most of the load);
     one whose cache lacks them unpickles it to trace them, with the same results."""
     path = str(tmp_path / "step.bin")
-    saved = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}, path))
-    warm = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}, path))
-    cold = json.loads(_run(WHOLE_GRAPHS_STEP, {"TORCHNEURON_CACHE_DIR": str(tmp_path / "empty")}, path))
+    saved = json.loads(_run(WHOLE_GRAPHS_STEP, _caches(tmp_path), path))
+    warm = json.loads(_run(WHOLE_GRAPHS_STEP, _caches(tmp_path), path))
+    cold = json.loads(_run(WHOLE_GRAPHS_STEP, _caches(tmp_path, "empty"), path))
     assert saved["report"]["xla_compiles"] == 2 and saved["report"]["host_ops"] == {}
     assert warm["report"]["disk_cache_hits"] == 2 and warm["graphs_unpickled"] == 0
     assert cold["report"]["xla_compiles"] == 2 and cold["graphs_unpickled"] == 2  # forward and backward
@@ -150,7 +156,7 @@ def test_a_function_precompiled_by_another_release_is_compiled_again_from_its_gr
     do not name it: a loaded graph that other torchneuron code saved is compiled again from its ATen graph, with
     the same results (it was run from the other code's saved state, and failed on an attribute it lacked)."""
     path = str(tmp_path / "step.bin")
-    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path / "cache")}
+    env = _caches(tmp_path)
     imports = "import json, os, sys, torch\n"
     older = WHOLE_GRAPHS_STEP.replace(imports, imports + AS_AN_OLDER_RELEASE, 1)
     saved = json.loads(_run(older, env, path))
