@@ -259,6 +259,13 @@ def test_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layou
         sparse(torch.ones(2, 2, device="neuron"))
 
 
+def test_a_sparse_embedding_gradient_raises_naming_the_dense_alternative():
+    """nn.Embedding(sparse=True), the usual source of a sparse tensor, raises with the remedy in the message."""
+    embedding = torch.nn.Embedding(10, 4, sparse=True).to("neuron")
+    with pytest.raises(NotImplementedError, match=r"torch\.sparse_coo.*sparse=False gives a dense weight gradient"):
+        embedding(torch.tensor([1, 2], device="neuron")).sum().backward()
+
+
 def _set(x, key, value):
     x[key] = value
     return x

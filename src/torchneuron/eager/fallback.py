@@ -86,8 +86,11 @@ def run_on_cpu(func, args, kwargs):
         if isinstance(value, torch.Tensor):
             if value.layout != torch.strided or value.is_nested:
                 kind = "nested" if value.is_nested else str(value.layout)
+                # the usual way to meet one: the sparse weight gradient of an embedding made with sparse=True
+                hint = (" (nn.Embedding and nn.EmbeddingBag: sparse=False gives a dense weight gradient)"
+                        if value.is_sparse else "")
                 raise NotImplementedError(
-                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron. "
+                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron{hint}. "
                     "Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
