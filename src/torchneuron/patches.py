@@ -10,8 +10,11 @@ places. `applied()` reports every patch and a test checks they are in force.
 """
 import functools
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import os
+import sys
 
 import torch
 
@@ -199,17 +202,54 @@ def inductor_hands_neuron_graphs_to_neuron() -> None:
 def compile_and_export_apply_the_compile_patches() -> None:
     """Dynamo needs the compile patches below before it wraps a tensor, whatever the backend: `torch.compile(fn)`
     with Inductor (which hands neuron graphs to `neuron`), "eager" or "aot_eager", eager `flex_attention`
-    (which compiles its op with the "eager" backend) and strict `torch.export.export` would otherwise see
-    neuron tensors as user-defined objects ("Unsupported method call"). They are applied at the first call of
-    either, not at import: that would import Dynamo into every `import torch` (about a second)."""
+    (which compiles its op with the "eager" backend), strict `torch.export.export` and Dynamo's own entry points
+    (`torch._dynamo.explain`, `optimize`, `export`) would otherwise see neuron tensors as user-defined objects
+    ("Unsupported method call"), and trace into torchneuron itself. They are applied at the first call of any,
+    not at import: that would import Dynamo into every `import torch` (about a second)."""
     for module, name in ((torch, "compile"), (torch.export, "export")):
-        original = getattr(module, name)
+        _apply_compile_patches_first(module, name)
+    if "torch._dynamo" in sys.modules:  # imported before torchneuron (autoloading off)
+        _wrap_dynamo_entry_points(sys.modules["torch._dynamo"])
+    else:
+        sys.meta_path.insert(0, _WhenImported("torch._dynamo", _wrap_dynamo_entry_points))
 
-        def patched_first(*args, _original=original, **kwargs):
-            apply_compile()
-            return _original(*args, **kwargs)
 
-        setattr(module, name, functools.wraps(original)(patched_first))
+def _apply_compile_patches_first(module, name) -> None:
+    original = getattr(module, name)
+
+    def patched_first(*args, _original=original, **kwargs):
+        apply_compile()
+        return _original(*args, **kwargs)
+
+    setattr(module, name, functools.wraps(original)(patched_first))
+
+
+def _wrap_dynamo_entry_points(dynamo) -> None:
+    for name in ("explain", "optimize", "export"):
+        _apply_compile_patches_first(dynamo, name)
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once the module named `name` is imported, after its own code ran; `then` only wraps
+    attributes (importing anything there could meet modules still being imported)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then(module):
+                exec_module(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_then
+        return spec
 
 
 # --- compile patches ---------------------------------------------------------------

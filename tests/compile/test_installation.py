@@ -58,6 +58,21 @@ def test_backend_found_without_importing_torchneuron(tmp_path):
     assert _run(code, {"TORCHNEURON_CACHE_DIR": str(tmp_path)}) == "[3.0, 3.0, 3.0]"
 
 
+def test_dynamo_entry_points_trace_neuron_tensors_in_a_fresh_process(tmp_path):
+    """`torch._dynamo.explain` and `optimize` trace neuron tensors as tensors without a `torch.compile` first:
+    the compile patches were applied by torch.compile and torch.export only, and explain failed."""
+    code = (
+        "import torch\n"
+        "def f(x): return (x.sin() * 2).sum()\n"
+        "x = torch.linspace(-1, 1, 4, device='neuron')\n"
+        "explained = torch._dynamo.explain(f)(x)\n"
+        "print([explained.graph_count, explained.graph_break_count, "
+        "round(torch._dynamo.optimize('eager')(f)(x).item(), 5), round(f(x.cpu()).item(), 5)])\n"
+    )
+    graphs, breaks, optimized, expected = json.loads(_run(code, _caches(tmp_path)))
+    assert (graphs, breaks) == (1, 0) and optimized == expected
+
+
 def test_second_process_loads_executables_from_disk_and_trims_the_cache_when_it_exits(tmp_path):
     env = {"TORCHNEURON_CACHE_DIR": str(tmp_path)}
     cold = json.loads(_run(TRAIN_STEP, env))
