@@ -98,3 +98,16 @@ def test_kernels_bench_smoke_runs_the_pallas_lowering_interpreted(tmp_path):
     # the norm's backward sums columns with a [1, 128] matmul, under Triton's 16
     assert rows["rms_norm"]["lowering"] == "auto" and "a matmul of (1, 128)" in rows["rms_norm"]["fallback"]
     assert all(r["kernel ms"] > 0 and r["eager ms"] > 0 for r in rows.values())
+
+
+def test_compile_startup_bench_smoke_starts_cold_warm_and_precompiled():
+    """bench/compile_step.py --startup in fresh processes: a warm start compiles nothing, and the precompiled one
+    (fullgraph, over nn.TransformerEncoder) traces nothing, with the cold start's loss."""
+    out = subprocess.run([sys.executable, "bench/compile_step.py", "--startup", "--smoke"], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    results = json.loads(out.strip().splitlines()[-1])
+    cold, warm = results["cold cache"], results["warm cache"]
+    precompiled_cold, precompiled_warm = results["precompiled, cold cache"], results["precompiled, warm cache"]
+    assert cold["xla_compiles"] > 0 and warm["xla_compiles"] == 0 and warm["disk_cache_hits"] == cold["xla_compiles"]
+    assert precompiled_warm["dynamo_graphs"] == 0 and precompiled_warm["xla_compiles"] == 0
+    assert len({run["loss"] for run in (cold, warm, precompiled_cold, precompiled_warm)}) == 1
