@@ -23,6 +23,9 @@ from .runtime.layout import conv_memory_format
 from .runtime.tensor import NeuronTensor
 
 _APPLIED = []
+# (owner, name) of each PyTorch function a runtime patch wraps that compiled code calls: Dynamo must trace the
+# wrapper (dynamo_traces_our_wrappers_of_traced_functions), which it would skip as torchneuron's code
+_TRACED_WRAPPERS = []
 
 
 def _patch(fn):
@@ -179,6 +182,7 @@ def flex_attention_accepts_neuron() -> None:
             original(query, key, value)
 
     module._validate_device = _validate_device
+    _TRACED_WRAPPERS.append((module, "_validate_device"))
 
 
 @_patch
@@ -508,6 +512,7 @@ def transformer_encoder_masks_padding_instead_of_nesting() -> None:
         return torch.where(padding.bool().unsqueeze(-1), filler, out)
 
     torch.nn.TransformerEncoder.forward = forward
+    _TRACED_WRAPPERS.append((torch.nn.TransformerEncoder, "forward"))
 
 
 def _argument(function, name, args, kwargs):
@@ -571,17 +576,12 @@ def dynamo_traces_our_wrappers_of_traced_functions() -> None:
     (transformer_encoder_masks_padding_instead_of_nesting) and flex attention's device check
     (flex_attention_accepts_neuron). Each broke the graph there, on any device once torchneuron was imported,
     and `fullgraph=True` or precompiling (`aot_compile`) failed. Dynamo traces them, as it traced PyTorch's."""
-    for owner, name in _traced_wrappers():
+    for owner, name in _TRACED_WRAPPERS:
         function = getattr(owner, name)
         if not getattr(function, "neuron_patched", False):
             traced = functools.wraps(function)(torch._dynamo.dont_skip_tracing(function))
             traced.neuron_patched = True
             setattr(owner, name, traced)
-
-
-def _traced_wrappers() -> tuple:
-    return ((torch.nn.TransformerEncoder, "forward"),
-            (importlib.import_module("torch.nn.attention.flex_attention"), "_validate_device"))
 
 
 _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neuron_tensors,
@@ -632,7 +632,7 @@ def applied() -> dict:
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),
         "dynamo_traces_our_wrappers_of_traced_functions": all(
-            getattr(getattr(owner, name), "neuron_patched", False) for owner, name in _traced_wrappers()),
+            getattr(getattr(owner, name), "neuron_patched", False) for owner, name in _TRACED_WRAPPERS),
         "meta_kernel_where_pytorch_has_none": all(
             torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta") for op in _META_KERNELS_GIVEN),
     }
