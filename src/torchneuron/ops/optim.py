@@ -2,6 +2,7 @@
 import jax.numpy as jnp
 import torch
 
+from .promotion import opmath
 from .registry import lower, meta_kernel
 
 aten = torch.ops.aten
@@ -36,7 +37,7 @@ def _fused_step(update, params, grads, states, grad_scale=None, found_inf=None, 
     outputs = [[] for _ in range(2 + len(states))]
     for i, (param, grad) in enumerate(zip(params, grads)):
         state = [s[i] if s else None for s in states]
-        wide = jnp.promote_types(param.dtype, jnp.float32)
+        wide = opmath(param).dtype
         unscaled = grad.astype(wide)
         if grad_scale is not None:
             unscaled = unscaled / grad_scale.astype(wide)

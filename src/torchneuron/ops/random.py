@@ -10,7 +10,7 @@ from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from ..runtime.dtypes import to_jax
 from ..runtime.tensor import NeuronTensor
 from . import checks
-from .promotion import scalar_type_name
+from .promotion import opmath, scalar_type_name
 from .reductions import running_sum
 from .registry import META, lower, meta_kernel
 
@@ -185,8 +185,7 @@ def _in_float32_for_half(draw):
     """A sampler of float arrays (`draw(key, x, *more)`) run in float32 for half-precision `x`, as the CPU
     samples in its accumulation type; the result in `x`'s dtype."""
     def sample(key, x, *more):
-        wide = jnp.promote_types(x.dtype, jnp.float32)
-        return draw(key, x.astype(wide), *[m.astype(wide) for m in more]).astype(x.dtype)
+        return draw(key, opmath(x), *map(opmath, more)).astype(x.dtype)
     return sample
 
 
@@ -205,8 +204,7 @@ def standard_gamma(key, alpha, generator=None):
 @lower(aten._standard_gamma_grad)
 def standard_gamma_grad(alpha, sample):
     """d sample / d alpha of a Gamma(alpha, 1) sample held fixed in probability (implicit reparameterization)."""
-    wide = jnp.promote_types(alpha.dtype, jnp.float32)
-    return lax.random_gamma_grad(alpha.astype(wide), sample.astype(wide)).astype(alpha.dtype)
+    return lax.random_gamma_grad(opmath(alpha), opmath(sample)).astype(alpha.dtype)
 
 
 @lower(aten._sample_dirichlet, random=True)
@@ -221,7 +219,7 @@ def sample_dirichlet(key, concentration, generator=None):
 @lower(aten.poisson, random=True)
 def poisson(key, rate, generator=None):
     checks.require((rate >= 0) | jnp.isnan(rate), RuntimeError, "invalid Poisson rate, expected rate to be non-negative")
-    counts = jax.random.poisson(key, rate.astype(jnp.promote_types(rate.dtype, jnp.float32)), dtype=jnp.int64)
+    counts = jax.random.poisson(key, opmath(rate), dtype=jnp.int64)
     return counts.astype(rate.dtype)
 
 
