@@ -176,11 +176,45 @@ def test_empty_cache_keeps_executables_and_clear_executable_cache_drops_them():
     x + 1
     entries = torch.neuron.cache_stats()["entries"]
     assert entries > 0
-    torch.neuron.empty_cache()  # no caching allocator: nothing to release, nothing recompiles
+    torch.neuron.empty_cache()  # releases memory, not executables: nothing recompiles
     assert torch.neuron.cache_stats()["entries"] == entries
     torch.neuron.clear_executable_cache()
     assert torch.neuron.cache_stats()["entries"] == 0
     assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+# page faults of writing a freed-and-reallocated 24 MB host block (a program run's buffers on XLA:CPU), then of
+# the same after torch.neuron.empty_cache()
+_FREED_HOST_MEMORY_REUSED = """
+import ctypes, resource, torch
+torch.ones(1, device="neuron")  # the first device use
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+def faults_of_a_run():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(24 << 20)
+    ctypes.memset(block, 1, 24 << 20)
+    libc.free(ctypes.c_void_p(block))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults_of_a_run()
+print(max(faults_of_a_run() for _ in range(3)))
+torch.neuron.empty_cache()
+print(faults_of_a_run())
+"""
+
+
+@pytest.mark.parametrize("setting, kept", [(None, True), ("0", False)])
+def test_xla_cpu_keeps_freed_host_memory_until_empty_cache(monkeypatch, setting, kept):
+    if setting is None:
+        monkeypatch.delenv("TORCHNEURON_KEEP_HOST_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("TORCHNEURON_KEEP_HOST_MEMORY", setting)
+    out = subprocess.run([sys.executable, "-c", _FREED_HOST_MEMORY_REUSED], capture_output=True, text=True,
+                         check=True, timeout=300)
+    reused, after_empty_cache = map(int, out.stdout.split())
+    assert (reused < 100) == kept, reused  # glibc's defaults fault most of the block's 6144 pages in again
+    if kept:
+        assert after_empty_cache > 500  # its pages were given back
 
 
 def test_deepcopy_is_a_counted_allocation_with_its_own_buffer():

@@ -268,9 +268,13 @@ def device_memory_used(device=None) -> int:
 
 
 def empty_cache() -> None:
-    """Nothing to release: there is no caching allocator (PJRT frees each device buffer when its last
-    tensor dies), so unlike torch.cuda's this frees no memory. Compiled executables are kept; see
-    `clear_executable_cache`."""
+    """Give the memory freed device buffers left back to the system, as torch.cuda's returns its cached
+    blocks: on XLA:CPU, where malloc keeps it for the next program run (runtime/host_memory.py); on other
+    platforms PJRT frees each device buffer when its last tensor dies, and nothing is kept. Compiled
+    executables are kept; see `clear_executable_cache`."""
+    from ..runtime import host_memory
+
+    host_memory.release()
 
 
 def empty_host_cache() -> None:

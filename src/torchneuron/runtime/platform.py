@@ -24,7 +24,7 @@ import jax
 from jax._src import xla_bridge
 
 from ..native import _C as native
-from . import compilation_cache
+from . import compilation_cache, host_memory
 
 PLATFORM_ENV = "TORCHNEURON_PLATFORM"
 CPU_DEVICES_ENV = "TORCHNEURON_CPU_DEVICES"
@@ -140,6 +140,7 @@ def devices() -> tuple:
     _join_under_torchrun()
     if name == "cpu":
         _set_cpu_device_count(os.environ.get(CPU_DEVICES_ENV))
+        host_memory.keep_freed_memory()
     try:
         found = tuple(jax.local_devices(backend=name))
     except RuntimeError as exc:
