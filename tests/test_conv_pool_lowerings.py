@@ -1,5 +1,6 @@
-"""Max pooling (strided slices per window offset) and convolution weight gradients (contractions per kernel
-offset on XLA:CPU) against the CPU, over the geometry their index arithmetic handles."""
+"""Max pooling (strided slices per window offset) and convolutions and their weight gradients (on XLA:CPU
+contractions per kernel offset, or products of the input's patches) against the CPU, over the geometry their
+index arithmetic handles."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,25 +47,30 @@ def test_max_pool3d_unbatched():
     assert_same(got_indices, indices)
 
 
-@pytest.mark.parametrize("dims, kernel, stride, padding, dilation, groups", [
-    (1, 3, 2, 1, 1, 1),
-    (2, 3, 1, 1, 1, 1),
-    (2, (2, 3), (2, 1), (1, 0), (1, 2), 4),
-    (3, 2, 1, 1, 2, 2),
+@pytest.mark.parametrize("dims, channels, kernel, stride, padding, dilation, groups", [
+    (1, 8, 3, 2, 1, 1, 1),
+    (2, 8, 3, 1, 1, 1, 1),
+    (2, 8, (2, 3), (2, 1), (1, 0), (1, 2), 4),
+    (3, 8, 2, 1, 1, 2, 2),
+    # few input channels: on XLA:CPU products of the input's patches, forward and weight gradient
+    (1, 2, 3, 2, 1, 1, 1),
+    (2, 3, 3, 1, 1, 1, 1),
+    (2, 4, (2, 3), (2, 1), (1, 0), (1, 2), 1),
+    (3, 1, 2, 1, 1, 2, 1),
 ])
-def test_convolution_gradients(dims, kernel, stride, padding, dilation, groups):
+def test_convolution_and_its_gradients(dims, channels, kernel, stride, padding, dilation, groups):
     torch.manual_seed(0)
     conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
-    x = torch.randn(3, 8, *(9, 8, 7)[:dims])
+    x = torch.randn(3, channels, *(9, 8, 7)[:dims])
     kernel_size = kernel if isinstance(kernel, tuple) else (kernel,) * dims
-    w = torch.randn(8, 8 // groups, *kernel_size)
-    grads = {}
+    w = torch.randn(8, channels // groups, *kernel_size)
+    results = {}
     for device in ("cpu", "neuron"):
         leaves = x.to(device).detach().requires_grad_(), w.to(device).detach().requires_grad_()
         out = conv(*leaves, None, stride, padding, dilation, groups)
         out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device))
-        grads[device] = [leaf.grad for leaf in leaves]
-    for got, want in zip(grads["neuron"], grads["cpu"]):
+        results[device] = [out.detach()] + [leaf.grad for leaf in leaves]
+    for got, want in zip(results["neuron"], results["cpu"]):
         assert_same(got, want, rtol=1e-4, atol=1e-4)
 
 
