@@ -4,21 +4,16 @@ import functools
 import jax.numpy as jnp
 import torch
 
-from .promotion import cast, opmath, promote
+from .promotion import accumulation_type, cast, opmath, promote
 from .registry import META, lower
 from .rules import MissingLowering
 
 aten = torch.ops.aten
 
 
-def _accumulate(x):
-    """Matmuls accumulate half-precision inputs in float32, as PyTorch's CPU and CUDA kernels do."""
-    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
-
-
 def _product(a, b):
     """a @ b unrounded: float32 for half-precision inputs."""
-    return jnp.matmul(a, b, preferred_element_type=_accumulate(a))
+    return jnp.matmul(a, b, preferred_element_type=accumulation_type(a))
 
 
 @lower(aten.mm, aten.bmm, aten.matmul)
@@ -39,7 +34,7 @@ def mv(a, v):
 
 @lower(aten.dot)
 def dot(a, b):
-    return jnp.dot(a, b, preferred_element_type=_accumulate(a)).astype(a.dtype)
+    return jnp.dot(a, b, preferred_element_type=accumulation_type(a)).astype(a.dtype)
 
 
 @lower(aten.vdot)
@@ -120,7 +115,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
         raise MissingLowering(aten._grouped_mm.default)
     if a.ndim == 3 and b.ndim == 3:
         return mm(a, b)
-    product = functools.partial(jnp.einsum, preferred_element_type=_accumulate(a))
+    product = functools.partial(jnp.einsum, preferred_element_type=accumulation_type(a))
     if a.ndim == 2 and b.ndim == 3:  # rows of `a` in groups, each times its group's matrix
         out = product("sk,gkn,gs->sn", a, b, _group_masks(offs, a.shape[0], a.dtype))
     elif a.ndim == 2:  # the contracted dimension in groups: one product per group (weight gradients)

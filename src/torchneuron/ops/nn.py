@@ -13,7 +13,7 @@ from ..runtime.layout import conv_memory_format
 from . import checks
 from .rules import lowering_for, vjp
 from .pooling import per_dim, window_slice
-from .promotion import cast, elementwise, opmath, scalar_type_name
+from .promotion import accumulation_type, cast, elementwise, opmath, scalar_type_name
 from .registry import META, checked_meta, lower, meta_kernel, meta_like_input
 
 aten = torch.ops.aten
@@ -427,10 +427,6 @@ def _conv_dimension_numbers(n):
     return (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
 
 
-def _accumulation_type(x):
-    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
-
-
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     """The convolution unrounded: float32 for half-precision inputs, so a bias is added before the one rounding."""
     if not transposed and _by_patches(x, w.shape[2:], stride, padding, dilation, groups):
@@ -443,7 +439,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 def _xla_conv(x, w, stride, padding, dilation, transposed=False, output_padding=None, groups=1):
     n = x.ndim - 2
     numbers = _conv_dimension_numbers(n)
-    acc = _accumulation_type(x)
+    acc = accumulation_type(x)
     if not transposed:
         return lax.conv_general_dilated(
             x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
@@ -529,14 +525,14 @@ def _conv_by_patches(x, w, stride, padding, dilation):
     patches, out = _patches(x, w.shape[2:], stride, padding, dilation)
     weights = jnp.moveaxis(w, 1, -1).reshape(w.shape[0], -1)  # (out channels, kernel offsets x channels)
     weights = jnp.broadcast_to(weights, (x.shape[0],) + weights.shape)
-    y = lax.dot_general(weights, patches, (((2,), (1,)), ((0,), (0,))), preferred_element_type=_accumulation_type(x))
+    y = lax.dot_general(weights, patches, (((2,), (1,)), ((0,), (0,))), preferred_element_type=accumulation_type(x))
     return y.reshape(x.shape[0], w.shape[0], *out)
 
 
 def _weight_grad_by_patches(kernel, stride, padding, dilation, grad, x):
     patches, _ = _patches(x, kernel, stride, padding, dilation)
     g = grad.reshape(grad.shape[0], grad.shape[1], -1)
-    per_image = lax.dot_general(g, patches, (((2,), (2,)), ((0,), (0,))), preferred_element_type=_accumulation_type(x))
+    per_image = lax.dot_general(g, patches, (((2,), (2,)), ((0,), (0,))), preferred_element_type=accumulation_type(x))
     dw = per_image.sum(axis=0).reshape(grad.shape[1], *kernel, x.shape[1])
     return jnp.moveaxis(dw, -1, 1).astype(x.dtype)
 
@@ -548,7 +544,7 @@ def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
     cout, out = grad.shape[1], grad.shape[2:]
     padded = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(p, p, 0) for p in padding])
     g = grad.reshape(batch, groups, cout // groups, -1)
-    acc = _accumulation_type(x)
+    acc = accumulation_type(x)
     shares = []
     for offset in np.ndindex(*kernel):
         starts, limits = window_slice(offset, dilation, out, stride)

@@ -78,3 +78,9 @@ def torch_dtype(value) -> torch.dtype:
 def opmath(x):
     """Half-precision values widened to float32 for arithmetic, as PyTorch's CPU and CUDA kernels compute them."""
     return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+def accumulation_type(x):
+    """The type products (matmuls, convolutions) of `x` accumulate in, for `preferred_element_type`: float32
+    for half-precision inputs, as PyTorch's CPU and CUDA kernels accumulate; None keeps the input's."""
+    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
