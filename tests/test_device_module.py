@@ -12,6 +12,14 @@ def test_import_torch_alone_finds_the_device():
     assert out.split() == ["neuron:0", "neuron"]
 
 
+def _set_or_unset(monkeypatch, name: str, value) -> None:
+    """The environment variable set to `value` for the test, or unset for None (the default)."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 # after `import torch`: how many objects are frozen, and whether a reference cycle made afterwards is collected
 _FROZEN_AND_COLLECTED = """
 import gc, weakref, torch
@@ -27,10 +35,7 @@ print(gc.get_freeze_count(), alive() is None)
 
 @pytest.mark.parametrize("setting, frozen", [(None, True), ("0", False)])
 def test_import_freezes_the_import_time_objects_and_later_cycles_are_collected(monkeypatch, setting, frozen):
-    if setting is None:
-        monkeypatch.delenv("TORCHNEURON_GC_FREEZE", raising=False)
-    else:
-        monkeypatch.setenv("TORCHNEURON_GC_FREEZE", setting)
+    _set_or_unset(monkeypatch, "TORCHNEURON_GC_FREEZE", setting)
     out = subprocess.run([sys.executable, "-c", _FROZEN_AND_COLLECTED], capture_output=True, text=True, check=True)
     count, collected = out.stdout.split()
     assert (int(count) > 100_000) == frozen
@@ -205,10 +210,7 @@ print(faults_of_a_run())
 
 @pytest.mark.parametrize("setting, kept", [(None, True), ("0", False)])
 def test_xla_cpu_keeps_freed_host_memory_until_empty_cache(monkeypatch, setting, kept):
-    if setting is None:
-        monkeypatch.delenv("TORCHNEURON_KEEP_HOST_MEMORY", raising=False)
-    else:
-        monkeypatch.setenv("TORCHNEURON_KEEP_HOST_MEMORY", setting)
+    _set_or_unset(monkeypatch, "TORCHNEURON_KEEP_HOST_MEMORY", setting)
     out = subprocess.run([sys.executable, "-c", _FREED_HOST_MEMORY_REUSED], capture_output=True, text=True,
                          check=True, timeout=300)
     reused, after_empty_cache = map(int, out.stdout.split())
