@@ -1,6 +1,6 @@
 """Max pooling (strided slices per window offset) and convolutions and their weight gradients (on XLA:CPU
-contractions per kernel offset, or products of the input's patches) against the CPU, over the geometry their
-index arithmetic handles."""
+contractions per kernel offset, products of the input's patches, or XLA's own) against the CPU, over the
+geometry their index arithmetic handles."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,21 +47,24 @@ def test_max_pool3d_unbatched():
     assert_same(got_indices, indices)
 
 
-@pytest.mark.parametrize("dims, channels, kernel, stride, padding, dilation, groups", [
-    (1, 8, 3, 2, 1, 1, 1),
-    (2, 8, 3, 1, 1, 1, 1),
-    (2, 8, (2, 3), (2, 1), (1, 0), (1, 2), 4),
-    (3, 8, 2, 1, 1, 2, 2),
-    # few input channels: on XLA:CPU products of the input's patches, forward and weight gradient
-    (1, 2, 3, 2, 1, 1, 1),
-    (2, 3, 3, 1, 1, 1, 1),
-    (2, 4, (2, 3), (2, 1), (1, 0), (1, 2), 1),
-    (3, 1, 2, 1, 1, 2, 1),
+@pytest.mark.parametrize("spatial, channels, kernel, stride, padding, dilation, groups", [
+    ((9,), 8, 3, 2, 1, 1, 1),
+    ((9, 8), 8, 3, 1, 1, 1, 1),
+    ((9, 8), 8, (2, 3), (2, 1), (1, 0), (1, 2), 4),
+    ((9, 8, 7), 8, 2, 1, 1, 2, 2),
+    # few input channels: on XLA:CPU products of the input's patches
+    ((9,), 2, 3, 2, 1, 1, 1),
+    ((9, 8), 3, 3, 1, 1, 1, 1),
+    ((9, 8), 4, (2, 3), (2, 1), (1, 0), (1, 2), 1),
+    ((9, 8, 7), 1, 2, 1, 1, 2, 1),
+    # many output positions: on XLA:CPU the weight gradient is the vjp's, as on other platforms
+    ((20, 18), 8, 3, 1, 1, 1, 2),
 ])
-def test_convolution_and_its_gradients(dims, channels, kernel, stride, padding, dilation, groups):
+def test_convolution_and_its_gradients(spatial, channels, kernel, stride, padding, dilation, groups):
     torch.manual_seed(0)
+    dims = len(spatial)
     conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
-    x = torch.randn(3, channels, *(9, 8, 7)[:dims])
+    x = torch.randn(3, channels, *spatial)
     kernel_size = kernel if isinstance(kernel, tuple) else (kernel,) * dims
     w = torch.randn(8, channels // groups, *kernel_size)
     results = {}

@@ -486,11 +486,13 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
 
 
 # XLA:CPU's convolution is slow with few input channels (an image's 3): as a bare jax.jit, the 3-channel 3x3
-# convolution of a batch of 32x32 images took 1.8-2.0 ms against PyTorch's 0.3, and 0.5 ms as one matrix
-# product of the input's windows (its patches); the weight gradient 1.2-1.5 ms by kernel offsets (below),
-# 0.6 from the patches. With more channels, or patches larger than a cache holds (a 7x7 stem on 224x224
-# images: 101 against 47 ms), XLA's convolution is the faster.
+# convolution of a batch of 32x32 images took 1.8-2.0 ms against PyTorch's 0.3, and 0.5-0.7 ms as products of
+# the input's windows (its patches); the weight gradient 1.2-1.5 ms by kernel offsets (below), 0.6 from the
+# patches. With more channels, larger kernels (a 16x16 patch embedding: 7.4 against 5.6 ms, and 2.4 s to
+# compile its 256 slices) or patches larger than a cache holds (a 7x7 stem on 224x224 images: 101 against
+# 47 ms), XLA's convolution is the faster.
 _PATCH_CHANNELS = 4
+_PATCH_OFFSETS = 9
 _PATCH_BYTES = 16 << 20
 
 
@@ -500,11 +502,13 @@ def _output_sizes(spatial, kernel, stride, padding, dilation) -> list:
 
 
 def _by_patches(x, kernel, stride, padding, dilation, groups) -> bool:
-    """Whether XLA:CPU runs this convolution (and its weight gradient) faster from the input's patches."""
+    """Whether XLA:CPU runs this convolution (and its weight gradient) faster from the input's patches (see
+    above)."""
     batch, channels = x.shape[:2]
     out = _output_sizes(x.shape[2:], kernel, stride, padding, dilation)
     patch_bytes = batch * math.prod(out) * math.prod(kernel) * channels * x.dtype.itemsize
-    return groups == 1 and channels <= _PATCH_CHANNELS and patch_bytes <= _PATCH_BYTES
+    return (groups == 1 and channels <= _PATCH_CHANNELS and math.prod(kernel) <= _PATCH_OFFSETS
+            and patch_bytes <= _PATCH_BYTES)
 
 
 def _patches(x, kernel, stride, padding, dilation):
@@ -555,21 +559,39 @@ def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
     return jnp.stack(shares, axis=-1).reshape((cout, cin // groups) + tuple(kernel)).astype(x.dtype)
 
 
+# XLA:CPU runs the vjp's convolution (the whole image as its window, the batch as its features) after
+# transposing both operands so that the positions, the innermost axis, become the outermost. Contractions
+# over strided slices per kernel offset keep the positions innermost: in a small CNN's training step (32
+# channels of 16x16) its backward program took 6.4 ms against 8.9 with the vjp. With more positions or
+# channels the vjp is the faster (bare jax.jits: 8x64x56x56, 24 against 13 ms, and a compiled conv-BN-ReLU
+# step's median 160 against 39 ms; 8x256x14x14, 7.1 against 5.7 ms), and so with large kernels (a 16x16
+# patch embedding: 11 against 8 ms, and 2.2 s to compile its 256 slices). Other platforms have convolution
+# libraries for the vjp's form.
+_OFFSETS_POSITIONS = 256
+_OFFSETS_CHANNELS = 128
+_OFFSETS_KERNEL = 25
+
+
+def _by_offsets(grad, x, kernel, groups) -> bool:
+    """Whether XLA:CPU runs this convolution's weight gradient faster by kernel offsets (see above)."""
+    return (math.prod(grad.shape[2:]) <= _OFFSETS_POSITIONS and x.shape[1] // groups <= _OFFSETS_CHANNELS
+            and math.prod(kernel) <= _OFFSETS_KERNEL)
+
+
 def _weight_grad(grad, x, w, args):
     def by_vjp(grad, x):
-        return jax.vjp(lambda b: _conv(x, b, *args), w)[1](opmath(grad))[0]
+        return jax.vjp(lambda b: _xla_conv(x, b, *args), w)[1](opmath(grad))[0]
 
     stride, padding, dilation, transposed, _, groups = args
+    kernel = w.shape[2:]
     if transposed:
         return by_vjp(grad, x)
-    # XLA:CPU runs the vjp's convolution (the whole image as its window, the batch as its features)
-    # after transposing both operands so that the positions, the innermost axis, become the outermost:
-    # 4x PyTorch's time for a small CNN's weight gradients. Contractions over strided slices keep the
-    # positions innermost. Other platforms have convolution libraries for the vjp's form.
-    if _by_patches(x, w.shape[2:], stride, padding, dilation, groups):
-        on_cpu = functools.partial(_weight_grad_by_patches, w.shape[2:], stride, padding, dilation)
+    if _by_patches(x, kernel, stride, padding, dilation, groups):
+        on_cpu = functools.partial(_weight_grad_by_patches, kernel, stride, padding, dilation)
+    elif _by_offsets(grad, x, kernel, groups):
+        on_cpu = functools.partial(_weight_grad_by_offsets, kernel, stride, padding, dilation, groups)
     else:
-        on_cpu = functools.partial(_weight_grad_by_offsets, w.shape[2:], stride, padding, dilation, groups)
+        return by_vjp(grad, x)
     return lax.platform_dependent(grad, x, cpu=on_cpu, default=by_vjp)
 
 
