@@ -142,32 +142,39 @@ def test_forward(name):
 
 
 def _train(model, inputs, device, steps=5):
+    """The losses of `steps` AdamW steps, and the first step's gradients by parameter name."""
     model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     inputs = _on(device, inputs)
-    losses = []
+    losses, first_grads = [], None
     for _ in range(steps):
         loss = model(**inputs).loss
         loss.backward()
+        if first_grads is None:
+            first_grads = {name: p.grad.cpu() for name, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-    return model, torch.stack(losses).cpu()
+    return torch.stack(losses).cpu(), first_grads
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_training(name, record_property):
     model = _model(name)
     inputs = CASES[name].inputs()
-    trained, expected = _train(copy.deepcopy(model), inputs, "cpu")
+    expected, expected_grads = _train(copy.deepcopy(model), inputs, "cpu")
     fallback.reset()
-    on_neuron, actual = _train(model, inputs, "neuron")
+    actual, grads = _train(model, inputs, "neuron")
     fell_back = torchneuron.fallback_report()
     record_property("cpu_fallbacks", fell_back)
     print(f"{name}: CPU fallbacks in training: {sum(fell_back.values())} {fell_back}")
     torch.testing.assert_close(actual, expected, **TOLERANCE)
-    for (key, p), q in zip(on_neuron.named_parameters(), trained.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-3, atol=1e-3, msg=key)
+    # gradients, not trained parameters: AdamW moves every parameter by about its learning rate whatever its
+    # gradient's size, so float noise in small gradients grows into differences of 1e-3 in five steps (ViT's
+    # patch embedding on jax 0.11: 1.2e-3, from gradients as close to float64's as the CPU's, 1.5e-8)
+    assert grads.keys() == expected_grads.keys()
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[key], rtol=1e-3, atol=1e-5, msg=key)
     assert fell_back == {}
 
 
