@@ -511,17 +511,22 @@ def _by_patches(x, kernel, stride, padding, dilation, groups) -> bool:
             and patch_bytes <= _PATCH_BYTES)
 
 
-def _patches(x, kernel, stride, padding, dilation):
-    """The input's windows, (batch, kernel offsets x channels, output positions): one strided slice per kernel
-    offset, stacked; and the output's spatial sizes."""
+def _offset_slices(x, kernel, stride, padding, dilation, out):
+    """For each kernel offset in order, the zero-padded input's strided slice that it reads for every output
+    position: (batch, channels, *out)."""
     batch, channels = x.shape[:2]
-    out = _output_sizes(x.shape[2:], kernel, stride, padding, dilation)
     padded = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(p, p, 0) for p in padding])
-    windows = []
     for offset in np.ndindex(*kernel):
         starts, limits = window_slice(offset, dilation, out, stride)
-        windows.append(lax.slice(padded, (0, 0, *starts), (batch, channels, *limits), (1, 1, *stride)))
-    return jnp.stack(windows, axis=1).reshape(batch, len(windows) * channels, -1), out
+        yield lax.slice(padded, (0, 0, *starts), (batch, channels, *limits), (1, 1, *stride))
+
+
+def _patches(x, kernel, stride, padding, dilation):
+    """The input's windows, (batch, kernel offsets x channels, output positions): the offsets' slices stacked;
+    and the output's spatial sizes."""
+    out = _output_sizes(x.shape[2:], kernel, stride, padding, dilation)
+    windows = jnp.stack(list(_offset_slices(x, kernel, stride, padding, dilation, out)), axis=1)
+    return windows.reshape(x.shape[0], -1, math.prod(out)), out
 
 
 def _conv_by_patches(x, w, stride, padding, dilation):
@@ -546,13 +551,10 @@ def _weight_grad_by_offsets(kernel, stride, padding, dilation, groups, grad, x):
     the input's strided slice at that offset, over the batch and the output positions."""
     batch, cin = x.shape[:2]
     cout, out = grad.shape[1], grad.shape[2:]
-    padded = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(p, p, 0) for p in padding])
     g = grad.reshape(batch, groups, cout // groups, -1)
     acc = accumulation_type(x)
     shares = []
-    for offset in np.ndindex(*kernel):
-        starts, limits = window_slice(offset, dilation, out, stride)
-        window = lax.slice(padded, (0, 0, *starts), (batch, cin, *limits), (1, 1, *stride))
+    for window in _offset_slices(x, kernel, stride, padding, dilation, out):
         window = window.reshape(batch, groups, cin // groups, -1)
         # contract batch and positions, groups as the batch of the product: (groups, cout/groups, cin/groups)
         shares.append(lax.dot_general(g, window, (((0, 3), (0, 3)), ((1,), (1,))), preferred_element_type=acc))
