@@ -471,6 +471,48 @@ def test_outputs_are_laid_out_as_eager_lays_them_out(f, inputs, training):
             torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad, rtol=1e-4, atol=1e-4)
 
 
+VIEWS_OF_INTERMEDIATES = [  # a function, its input: an output eager makes as a view of an intermediate
+    lambda a: (a * 2).expand(3, 4, 6),
+    lambda a: a.sum(0, keepdim=True).expand_as(a),
+    lambda a: (a + 1)[:, ::2],
+    lambda a: (a + 1)[1:],
+    lambda a: (a + 1).diagonal(),
+]
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("f", VIEWS_OF_INTERMEDIATES)
+def test_views_of_intermediates_are_views_as_in_eager(f, training):
+    """An output viewing an intermediate has eager's strides and storage offset, and its storage eager's size
+    (an expand holds its base's elements only), as Inductor's programs return it; it was a row-major copy."""
+    torch.manual_seed(0)
+    cpu_input = torch.randn(4, 6).requires_grad_(training)
+    device_input = cpu_input.detach().to("neuron").requires_grad_(training)
+    expected, got = f(cpu_input), torch.compile(f, backend="neuron")(device_input)
+    assert (got.stride(), got.storage_offset()) == (expected.stride(), expected.storage_offset())
+    assert got.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
+    torch.testing.assert_close(got.detach().cpu(), expected.detach())
+    if training:
+        weights = torch.linspace(-1, 1, expected.numel()).reshape(expected.shape)
+        expected.backward(weights)
+        got.backward(weights.to("neuron"))
+        torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad)
+
+
+def test_outputs_viewing_another_output_alias_it():
+    """`y, y[1:]` returned by a compiled function share one storage, as in eager: a write through one shows in
+    the other (they were two buffers)."""
+    def f(x):
+        y = x + 1
+        return y, y[1:], y.t()
+
+    y, rows, transposed = torch.compile(f, backend="neuron")(torch.randn(4, 5).to("neuron"))
+    assert rows.untyped_storage().data_ptr() == transposed.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    y.add_(100)
+    torch.testing.assert_close(rows.cpu(), y.cpu()[1:])
+    torch.testing.assert_close(transposed.cpu(), y.cpu().t())
+
+
 def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)

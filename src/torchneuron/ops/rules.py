@@ -180,8 +180,9 @@ def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
     return run_graph_with_inputs(gm, inputs, key)[0]
 
 
-def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
-    """The graph's outputs, and the final value of each input (inputs the graph mutates change)."""
+def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=()):
+    """The graph's outputs, the final value of each input (inputs the graph mutates change), and the values of
+    the nodes named in `also`."""
     env = {}
     feed = iter(inputs)
     placeholders = []
@@ -221,7 +222,8 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None):
                 _rebind_mutated(node, target, op.mutated, out, env)
         elif node.op == "output":
             outputs = torch.fx.node.map_arg(node.args[0], env.__getitem__)
-            return outputs, [env[p] for p in placeholders]
+            values_by_name = {n.name: value for n, value in env.items()} if also else {}
+            return outputs, [env[p] for p in placeholders], [values_by_name[name] for name in also]
     raise AssertionError("graph has no output node")
 
 
