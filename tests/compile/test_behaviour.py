@@ -513,6 +513,18 @@ def test_outputs_viewing_another_output_alias_it():
     torch.testing.assert_close(transposed.cpu(), y.cpu().t())
 
 
+def test_writing_to_an_output_the_backward_saved_raises_as_in_eager():
+    """AOTAutograd's forward returns `exp(x)` and, detached, the same value saved for the backward: the two
+    share a version counter, so an in-place write to the output raises PyTorch's error, as eager and Inductor
+    raise it; the saved alias counted its versions apart, and the backward used the written values (a wrong
+    gradient, silently)."""
+    x = torch.randn(4).to("neuron").requires_grad_()
+    y = torch.compile(torch.exp, backend="neuron")(x)
+    y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)

@@ -26,7 +26,7 @@ from ..runtime.dtypes import to_torch
 from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
                                storage_views)
 from ..runtime.layout import contiguous_strides, is_contiguous, lay_out
-from ..runtime.tensor import new_tensor, wrap
+from ..runtime.tensor import new_tensor
 from . import disk_cache
 from .stats import counters
 
@@ -152,7 +152,8 @@ def _flat_container(spec):
 def _output_aliases(leaves) -> dict:
     """Outputs that are detach() or alias() of another output, by position: {alias: aliased}. AOTAutograd's
     forward graphs return a user output and, detached, the same value saved for the backward; one buffer
-    serves both, as the two tensors share a storage in PyTorch (a second buffer would double the memory)."""
+    serves both, as the two tensors share a storage (and a version counter) in PyTorch (a second buffer would
+    double the memory)."""
     first = {}
     for j, leaf in enumerate(leaves):
         if isinstance(leaf, torch.fx.Node):
@@ -317,6 +318,9 @@ def _output_specs(array_outputs) -> list:
     return [(j, (tuple(shape), stride, 0, dtype)) for j, shape, stride, dtype in array_outputs]
 
 
+_ALIAS = torch.ops.aten.detach.default
+
+
 class _Program:
     """The storage program for one input signature, and how to turn its results into tensors."""
 
@@ -421,7 +425,8 @@ class _Program:
                 view = op(view, *view_args, **view_kwargs)
             outputs[j] = view
         for j, aliased in self.aliases.items():
-            base = outputs[aliased]
-            outputs[j] = wrap(base._storage, *base._spec[:4])
+            # through autograd: the alias shares its output's version counter, as in eager, so that writing
+            # in place to a user output whose alias the backward saved raises instead of a wrong gradient
+            outputs[j] = _ALIAS(outputs[aliased])
         del outputs[self.n_outputs:]
         return outputs
