@@ -525,6 +525,24 @@ def test_writing_to_an_output_the_backward_saved_raises_as_in_eager():
         y.sum().backward()
 
 
+@pytest.mark.parametrize("source, target", [
+    (torch.float32, torch.int32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+    (torch.float32, torch.complex64), (torch.complex64, torch.float32), (torch.uint8, torch.bool),
+    (torch.int16, torch.int8),
+])
+def test_view_as_another_dtype_in_a_compiled_graph(source, target):
+    """`x.view(dtype)` of an intermediate reinterprets its bytes in the program (the reshape lowering took
+    the dtype for a size: TypeError)."""
+    def f(x):
+        return (x * 1).view(target) * 1
+
+    x = torch.arange(1, 13, dtype=torch.float32).reshape(3, 4).to(source)
+    expected = f(x)
+    got = torch.compile(f, backend="neuron")(x.to("neuron"))
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
 def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)

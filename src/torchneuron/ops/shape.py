@@ -10,6 +10,7 @@ import torch
 from jax import lax
 
 from ..runtime import layout
+from ..runtime.dtypes import to_torch
 from .promotion import dtypes
 from .registry import META, checked_meta, lower
 
@@ -23,6 +24,16 @@ def _dim(x, dim):
 @lower(aten.view, aten._unsafe_view, aten.reshape, aten.view_copy, aten._reshape_alias, aten._reshape_alias_copy)
 def view(x, size, *rest):
     return x.reshape(_infer(x, size))
+
+
+@lower(aten.view.dtype)
+def view_dtype(x, dtype):
+    """`x.view(dtype)` in a traced graph: x's bytes as `dtype`, its last dimension scaled by the ratio of the
+    element sizes (PyTorch's meta kernel has checked that it divides)."""
+    values = layout.as_view_dtype(x.reshape(-1), to_torch(x.dtype), dtype)
+    if x.ndim == 0:
+        return values.reshape(())
+    return values.reshape(x.shape[:-1] + (x.shape[-1] * x.dtype.itemsize // dtype.itemsize,))
 
 
 def _infer(x, size):

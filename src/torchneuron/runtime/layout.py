@@ -143,7 +143,7 @@ def read_view(buffer, spec, storage_dtype, offset=None):
     """The values of the tensor described by spec (shape, stride, offset, dtype, device) over `buffer`
     (of storage_dtype); `offset`, when given, is a traced element offset that replaces the spec's."""
     shape, stride, static_offset, dtype, _ = spec
-    flat = _as_view_dtype(buffer, storage_dtype, dtype)
+    flat = as_view_dtype(buffer, storage_dtype, dtype)
     if offset is None:
         return read(flat, shape, stride, static_offset)
     return read(_window(flat, offset, shape, stride), shape, stride, 0)
@@ -153,13 +153,13 @@ def write_view(buffer, value, spec, storage_dtype, offset=None):
     """`buffer` (of storage_dtype) after writing `value` through the tensor described by spec (`offset`
     as in read_view)."""
     shape, stride, static_offset, dtype, _ = spec
-    flat, value = _as_view_dtype(buffer, storage_dtype, dtype), convert_to(value, dtype)
+    flat, value = as_view_dtype(buffer, storage_dtype, dtype), convert_to(value, dtype)
     if offset is None:
         written = write(flat, value, shape, stride, static_offset)
     else:
         window = write(_window(flat, offset, shape, stride), value, shape, stride, 0)
         written = lax.dynamic_update_slice(flat, window, (offset,))
-    return _as_view_dtype(written, dtype, storage_dtype)
+    return as_view_dtype(written, dtype, storage_dtype)
 
 
 def _window(flat, offset, shape, stride):
@@ -167,7 +167,7 @@ def _window(flat, offset, shape, stride):
     return lax.dynamic_slice(flat, (offset,), (storage_extent(shape, stride),))
 
 
-def _as_view_dtype(flat, from_dtype, to_dtype):
+def as_view_dtype(flat, from_dtype, to_dtype):
     """A flat buffer of the torch dtype `from_dtype` as one of `to_dtype` over the same bytes; complex32,
     carried as complex64, is float16 pairs in memory."""
     if from_dtype == to_dtype:
