@@ -543,6 +543,53 @@ def test_view_as_another_dtype_in_a_compiled_graph(source, target):
     torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
 
 
+@pytest.mark.parametrize("solver", [torch.linalg.inv, torch.linalg.cholesky, lambda a: torch.linalg.solve(a, a[:, :1])])
+def test_linalg_solvers_compile_whole_and_check_their_input(solver):
+    """torch 2.13 orders linalg's error check after a factorization with AOTAutograd's `with_effects`, whose effect
+    token is an empty CPU tensor while tracing: the graph split there and its eager piece had no rule for neuron
+    tensors (NotImplementedError). It is one program now, and a singular input raises LinAlgError as in eager
+    (compiled programs dropped their checks and returned NaNs)."""
+    a = torch.randn(4, 4)
+    a = a @ a.T + 4 * torch.eye(4)
+    compiled = torch.compile(solver, backend="neuron")
+    torch.testing.assert_close(compiled(a.to("neuron")).cpu(), solver(a), rtol=1e-4, atol=1e-4)
+    assert neuron_compile.report()["host_ops"] == {}
+    with pytest.raises(torch.linalg.LinAlgError):
+        compiled(torch.zeros(4, 4).to("neuron")).cpu()
+
+
+def _gather_rows(x, i):
+    return x[i] * 2
+
+
+def _embed(x, i):
+    return torch.nn.functional.embedding(i, x)
+
+
+@pytest.mark.parametrize("f", [_gather_rows, _embed])
+def test_compiled_indexing_out_of_range_raises_as_in_eager(f):
+    """An index out of range raises IndexError at the next synchronisation, as eager's device checks raise it
+    (and CUDA's device asserts): a compiled program clamped it and returned another row."""
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(compiled(x.to("neuron"), torch.tensor([3, 0]).to("neuron")).cpu(),
+                               f(x, torch.tensor([3, 0])))
+    with pytest.raises(IndexError):
+        compiled(x.to("neuron"), torch.tensor([4]).to("neuron")).cpu()
+
+
+def test_indexing_inside_a_compiled_cond_branch():
+    """A cond's branches are traced inside lax.cond, where their checks cannot be returned: they are dropped
+    there, not leaked out of the branch's trace."""
+    def f(x, i):
+        return torch.cond(x.sum() > 0, lambda x, i: x[i] * 2, lambda x, i: x[i] - 1, (x, i))
+
+    x, i = torch.randn(4, 3), torch.tensor([2, 0])
+    for sign in (1, -1):
+        got = torch.compile(f, backend="neuron")(sign * x.abs().to("neuron"), i.to("neuron"))
+        torch.testing.assert_close(got.cpu(), f(sign * x.abs(), i))
+
+
 def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)

@@ -20,6 +20,7 @@ Inductor) and XLA chooses its own kernels, so the modes currently coincide.
 """
 import copy
 import functools
+import operator
 import time
 import warnings
 
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition
 from torch._guards import detect_fake_mode
+from torch._higher_order_ops.effects import with_effects
 from torch._inductor.output_code import OutputCode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -107,10 +109,26 @@ def _random(node) -> bool:
 
 def on_device(node) -> bool:
     """Whether a node computes on neuron tensors: its tensors are neuron's, or CPU scalars read by an op
-    whose results are neuron's. A node without tensor values (sizes, asserts) goes with the graph."""
-    if any(_on_host(t) for t in _tensors(node.meta.get("val"))):
+    whose results are neuron's. A node without tensor values (sizes, asserts, effect tokens) goes with the
+    graph."""
+    if _is_effect_token(node):
+        return True
+    value = node.meta.get("val")
+    if node.target is with_effects:
+        value = value[1:]
+    if any(_on_host(t) for t in _tensors(value)):
         return False
-    return all(not _on_host(t) or t.dim() == 0 for a in node.all_input_nodes for t in _tensors(a.meta.get("val")))
+    return all(not _on_host(t) or t.dim() == 0 for a in node.all_input_nodes if not _is_effect_token(a)
+               for t in _tensors(a.meta.get("val")))
+
+
+def _is_effect_token(node) -> bool:
+    """An effect token of AOTAutograd's, which orders effectful ops (`with_effects`): an empty CPU tensor while
+    the graph is traced, None when it runs; no data."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, torch.fx.Node) and source.target is with_effects and node.args[1] == 0
+    return any(user.target is with_effects and user.args[0] is node for user in node.users)
 
 
 def _tensors(value) -> list:

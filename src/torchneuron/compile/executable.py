@@ -17,11 +17,10 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from ..runtime import rng
 from ..eager import adaptive, cpu_dtypes, transfers, views
-from ..ops import collectives, registry, rules
+from ..ops import checks, collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
-from ..runtime import events, sync
+from ..runtime import events, pending_checks, rng, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
                                storage_views)
@@ -336,6 +335,11 @@ class _Program:
         # what tracing tells: outputs that are arrays (with their shapes), and the rest, fixed for this
         # signature (symbolic sizes saved for the backward, None gradients)
         array_outputs, constants = [], {}
+        # the device-side checks of its ops (ops.checks: an index in range, a matrix that inverts), each an extra
+        # result read at the next synchronisation, as eager's; dropped in a program of several processes, whose
+        # results are all shards
+        check_errors = []
+        checked = checks.collecting if not graph.group else checks.unchecked
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if i in positions else a for i, a in enumerate(args)]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
@@ -351,9 +355,11 @@ class _Program:
             inputs = list(statics)
             for k, i in enumerate(positions):
                 inputs[i] = values[k]
-            outputs, finals, bases = run_graph_with_inputs(graph.graph_module(), inputs,
-                                                           rng.key_from(extras[0]) if extras else None,
-                                                           graph.hidden_bases)
+            with checked() as conditions:
+                outputs, finals, bases = run_graph_with_inputs(graph.graph_module(), inputs,
+                                                               rng.key_from(extras[0]) if extras else None,
+                                                               graph.hidden_bases)
+            check_errors[:] = [(error, message) for _, error, message in conditions or ()]
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs) + bases, sources)):
                 if source is not None or j in aliases or j in views:
@@ -364,7 +370,7 @@ class _Program:
                     arrays.append(lay_out(value, value.shape, stride))
                 else:
                     constants[j] = value
-            return arrays, {k: finals[positions[k]] for k in mutated_inputs}
+            return arrays + [c for c, _, _ in conditions or ()], {k: finals[positions[k]] for k in mutated_inputs}
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
@@ -381,19 +387,20 @@ class _Program:
             # a program of several processes is compiled by each of them for its own device, not cached on disk
             counters["xla_compiles"] += 1
             lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
-            self.compiled, self.constants = lowered.compile(), constants
+            self.compiled, self.constants, self.check_errors = lowered.compile(), constants, check_errors
             self.output_specs = _output_specs(array_outputs)
             return
 
         def export():
             jitted = self.program.jit(self.device_index)
             try:
-                return jax.export.export(jitted)(*avals), (array_outputs, constants)
+                return jax.export.export(jitted)(*avals), (array_outputs, constants, check_errors)
             except Exception:  # a program export cannot express: compiled (and traced) below, not stored
-                return None, (array_outputs, constants)
+                return None, (array_outputs, constants, check_errors)
 
         path = disk_cache.path_for(graph.digest(), signature, self.device_index)
-        exported, (array_outputs, self.constants) = disk_cache.load_or_export(path, graph.name, export)
+        exported, (array_outputs, self.constants, self.check_errors) = disk_cache.load_or_export(
+            path, graph.name, export)
         self.output_specs = _output_specs(array_outputs)
         # compiled now (through JAX's persistent cache), so that a failure surfaces here
         program = self.program.jit(self.device_index, exported.call if exported is not None else None)
@@ -411,6 +418,10 @@ class _Program:
             results = shard_of(results)
         if results:
             sync.launched(self.device_index, results[-1])
+        if self.check_errors:
+            n_checks = len(self.check_errors)
+            pending_checks.add(self.device_index, self.op, results[-n_checks:], self.check_errors)
+            results = results[:-n_checks]
         n_written = len(self.program.written_storages)
         for p, buffer in zip(self.program.written_storages, results):
             storages[p].buffer = buffer

@@ -1,8 +1,8 @@
 """Value checks inside device programs, reported at the next synchronisation (as CUDA's device asserts are).
 
 A lowering that would silently clamp bad data (an index out of range) calls
-`require(ok, error)` while it is traced. Eager programs return each condition
-as an extra output; the runtime keeps them pending per device and raises the
+`require(ok, error)` while it is traced. Eager programs and compiled graphs' programs return each
+condition as an extra output; the runtime keeps them pending per device and raises the
 PyTorch error at the next point that waits for the device (`.item()`,
 `.cpu()`, `torch.neuron.synchronize()`), so no wrong answer is returned and
 no op waits for the device just to check. `TORCHNEURON_LAUNCH_BLOCKING=1`
@@ -43,6 +43,15 @@ def collecting():
         yield found
     finally:
         _collectors.pop()
+
+
+@contextlib.contextmanager
+def unchecked():
+    """For a graph traced inside JAX control flow or a transform (a cond's branch, a while loop's body, flex
+    attention's score_mod under vmap): its conditions are values of that inner trace, which cannot leave it,
+    so its checks are dropped."""
+    with collecting():
+        yield
 
 
 def index_in_range(index, size: int, error_type=IndexError, message="index out of range in self", negative=True):

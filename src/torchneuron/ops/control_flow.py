@@ -8,18 +8,21 @@ calls them; any other (scan, map, a mutating custom op's auto_functionalized) wh
 cannot lower it runs it between its compiled pieces (`dense_rule_for_neuron`). In a compiled graph `cond`
 and `while_loop` become XLA's own control flow (`lax.cond`, `lax.while_loop`) and a nested compile region
 its subgraph, in the graph's program, run through the lowering table: a data-dependent predicate costs no
-host round trip and no graph break.
+host round trip and no graph break. `with_effects`, which orders an effectful op (`_linalg_check_errors`
+after torch.linalg's factorizations and solvers), is that op's lowering in the program.
 """
 import jax.numpy as jnp
 from jax import lax
 from torch._C import DispatchKey
 from torch._higher_order_ops.cond import cond_op
+from torch._higher_order_ops.effects import with_effects
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from ..runtime.tensor import NeuronTensor
+from . import checks
 from .registry import lower
-from .rules import run_graph
+from .rules import lowering_for, run_graph
 
 
 def dense_rule_for_neuron(hop) -> None:
@@ -35,7 +38,8 @@ dense_rule_for_neuron(while_loop_op)
 
 
 def _outputs(graph, values) -> tuple:
-    out = run_graph(graph, list(values))
+    with checks.unchecked():
+        out = run_graph(graph, list(values))
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -65,3 +69,11 @@ def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
 @lower(invoke_subgraph)
 def nested_compile_region(subgraph, identifier, *operands):
     return _outputs(subgraph, operands)
+
+
+@lower(with_effects)
+def effects(token, op, *args, **kwargs):
+    """The op run in the program, which keeps the graph's order; the token (None when the graph runs: AOTAutograd
+    passes none) goes through."""
+    out = lowering_for(op)(*args, **kwargs)
+    return (token, *out) if isinstance(out, tuple) else (token, out)

@@ -25,6 +25,7 @@ from torch._higher_order_ops.flex_attention import (
 )
 
 from ..runtime.tensor import NeuronTensor
+from . import checks
 from .registry import lower
 from .rules import run_graph
 
@@ -40,7 +41,8 @@ def _over_grid(subgraph, n_mapped: int, n_buffers: int):
     buffers whole."""
 
     def on_scalars(*args):
-        return run_graph(subgraph, list(args))
+        with checks.unchecked():
+            return run_graph(subgraph, list(args))
 
     mapped = on_scalars
     for axis in (3, 2, 1, 0):  # kv_idx innermost, as PyTorch's _vmap_for_bhqkv
