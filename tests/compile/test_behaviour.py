@@ -590,6 +590,37 @@ def test_indexing_inside_a_compiled_cond_branch():
         torch.testing.assert_close(got.cpu(), f(sign * x.abs(), i))
 
 
+@pytest.mark.parametrize("flag", [torch.conj, torch._neg_view, lambda z: z.conj().imag])
+def test_lazily_conjugated_or_negated_inputs_are_read_as_they_show(flag):
+    """`x.conj()` is a view with a bit set, not new values: a compiled graph read its storage as it is (the
+    unconjugated values), and so did the compiled piece after a split hfft2's `_conj`."""
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    got = torch.compile(lambda a: a * 2, backend="neuron")(flag(z.to("neuron")))
+    torch.testing.assert_close(got.cpu(), flag(z) * 2)
+
+
+def test_a_lazily_conjugated_input_written_in_place():
+    def scale(a):
+        a.mul_(2)
+        return a * 1
+
+    z = torch.randn(3, dtype=torch.complex64)
+    base = z.to("neuron")
+    got = torch.compile(scale, backend="neuron")(base.conj())
+    expected_base = z.clone()
+    expected = scale(expected_base.conj())
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(base.cpu(), expected_base)
+
+
+def test_hfft2_compiles_whole():
+    """Its decomposition conjugates lazily (`_conj`), which splits no graph now."""
+    x = torch.randn(5, 6, 7)
+    got = torch.compile(lambda t: torch.fft.hfft2(t, norm="ortho"), backend="neuron")(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), torch.fft.hfft2(x, norm="ortho"), rtol=1e-4, atol=1e-4)
+    assert neuron_compile.report()["eager_ops"] == {}
+
+
 def _transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return torch.nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16)

@@ -17,7 +17,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from ..eager import adaptive, cpu_dtypes, transfers, views
+from ..eager import adaptive, cpu_dtypes, math_bits, transfers, views
 from ..ops import checks, collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, pending_checks, rng, sync
@@ -117,6 +117,12 @@ class CompiledGraph:
                 tensors.append(a)
             else:
                 statics.append(a)
+        flagged = [k for k, t in enumerate(tensors) if t.is_conj() or t.is_neg()]
+        if flagged:
+            # the program reads storages: a lazily conjugated or negated input (x.conj(), a complex view's
+            # imag) is read as the values it shows (views of it made by the program keep the original)
+            originals = {k: tensors[k] for k in flagged}
+            tensors = [math_bits.resolved(t) for t in tensors]
         storages, views = storage_views(tensors)
         if storages is None:
             transfers.bring_to_device(tensors)
@@ -135,6 +141,9 @@ class CompiledGraph:
                 events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, views, key)
         outputs = program.run(args, storages)
+        for k in flagged:
+            if positions[k] in self.mutated:
+                originals[k].copy_(tensors[k])  # written through the bits (eager.math_bits.copy_)
         if self.flat_output is not None:
             return self.flat_output(outputs)
         return pytree.tree_unflatten(outputs, self.out_spec)

@@ -72,6 +72,7 @@ _register_all(
 _register_all(
     [
         (aten.neg, jnp.negative),
+        (aten._neg_view, jnp.negative),  # a lazy view eagerly (eager/math_bits.py); its values in a graph
         (aten.abs, jnp.abs),
         (aten.sign, _sign),
         (aten.sgn, _sign),
@@ -184,7 +185,7 @@ def round_decimals(x, *, decimals):
     return _round_half_even(x / scale) * scale
 
 
-@lower(aten._conj_physical, aten.conj_physical)
+@lower(aten._conj_physical, aten.conj_physical, aten._conj)  # _conj: a lazy view eagerly, its values in a graph
 def conj_physical(x):
     return jnp.conj(x)
 
