@@ -1,6 +1,7 @@
 """Graph breaks, recompiles and dynamic shapes, randomness, input mutation, modes, ops without lowerings, CPU ops."""
 import pytest
 import torch
+from torch._higher_order_ops.effects import has_effects
 
 import torchneuron.compile as neuron_compile
 
@@ -554,8 +555,11 @@ def test_linalg_solvers_compile_whole_and_check_their_input(solver):
     compiled = torch.compile(solver, backend="neuron")
     torch.testing.assert_close(compiled(a.to("neuron")).cpu(), solver(a), rtol=1e-4, atol=1e-4)
     assert neuron_compile.report()["host_ops"] == {}
-    with pytest.raises(torch.linalg.LinAlgError):
-        compiled(torch.zeros(4, 4).to("neuron")).cpu()
+    if has_effects(torch.ops.aten._linalg_check_errors.default):
+        with pytest.raises(torch.linalg.LinAlgError):
+            compiled(torch.zeros(4, 4).to("neuron")).cpu()
+    # else (torch 2.11) AOTAutograd drops the check, which returns nothing, from the graph: Inductor's programs
+    # return NaNs alike
 
 
 def _gather_rows(x, i):
