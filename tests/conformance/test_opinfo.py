@@ -78,6 +78,20 @@ def test_harness_catches_a_wrong_result(monkeypatch):
     assert result.status == harness.FAIL and "not close" in result.message
 
 
+def test_compiled_check_runs_the_graph_lowering(monkeypatch):
+    """The compiled check runs graphs through the lowering table: neg's lowering computing the identity fails it."""
+    import dataclasses
+
+    from torchneuron.ops import rules
+
+    neg = torch.ops.aten.neg.default
+    monkeypatch.setenv("TORCHNEURON_COMPILE_CACHE", "0")  # no graph from the disk cache, which keys by source
+    monkeypatch.setitem(rules._RULES, neg, dataclasses.replace(rules.rule(neg), lowering=lambda x: x))
+    op = next(op for op in ALL_OPS if harness.op_id(op) == "neg")
+    compiled, = harness.check_op(op, ["compiled"], [torch.float32])
+    assert compiled.status == harness.FAIL and "not close" in compiled.message
+
+
 def test_low_precision_results_are_still_checked(monkeypatch):
     """The float32 reference accepts other roundings of the right answer, not a wrong answer."""
     from torchneuron.eager import dispatch

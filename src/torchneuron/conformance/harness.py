@@ -2,7 +2,8 @@
 
 One `Result` per (op, check, dtype): `forward` for every tested dtype the op
 supports on the CPU, `grad` (float32 backward), `inplace` and `out` (the
-variants the OpInfo declares) and `errors` (its error inputs). CPU fallback
+variants the OpInfo declares), `errors` (its error inputs) and `compiled` (the
+float32 forward samples through torch.compile). CPU fallback
 is made an error while each check runs, so a result measures our lowerings.
 """
 import contextlib
@@ -30,7 +31,7 @@ DTYPES = (
     torch.int32,
     torch.bool,
 )
-CHECKS = ("forward", "grad", "inplace", "out", "errors", "refused")
+CHECKS = ("forward", "grad", "inplace", "out", "errors", "refused", "compiled")
 # dtypes an op's kernels may not take: where neither the CPU's nor CUDA's does, neuron must refuse it too
 REFUSABLE_DTYPES = (torch.complex64, torch.bool, torch.int64)
 PASS, FAIL, FALLBACK = "pass", "fail", "fallback"
@@ -98,6 +99,7 @@ def planned(op, checks=CHECKS, dtypes=DTYPES) -> list:
     plan += [("inplace", torch.float32)] if op.inplace_variant is not None and float32 else []
     plan += [("out", torch.float32)] if op.supports_out and float32 else []
     plan += [("errors", None)] if op.error_inputs_func is not None else []
+    plan += [("compiled", torch.float32)] if float32 else []
     cpu_dtypes = op.supported_dtypes("cpu")  # none: a CUDA-only op, which has nothing to refuse like the CPU
     plan += [("refused", d) for d in REFUSABLE_DTYPES if cpu_dtypes and d not in cpu_dtypes
              and d not in op.supported_dtypes("cuda")]
@@ -356,17 +358,19 @@ def _ecdf(values, points):
 FLOAT32_REFERENCE = "matches the CPU computed in float32"
 
 
-def _forward(op, dtype, limit):
-    """Each sample against the CPU; returns FLOAT32_REFERENCE when a low-precision sample matched only that."""
+def _forward(op, dtype, limit, compiled=False):
+    """Each sample against the CPU; returns FLOAT32_REFERENCE when a low-precision sample matched only that.
+    `compiled`: run by torch.compile with the neuron backend (samples the CPU rejects are the errors check's)."""
     uninitialised = op.name in UNINITIALISED
     note = None
     for sample in _samples(op, dtype, False, limit):
         try:
             expected, random = _reference(op, sample)
         except Exception as error:  # noqa: BLE001 - the CPU rejects it: neuron must reject it alike
-            _expect_error(error, lambda: _call(op, _on_neuron(op, sample)))
+            if not compiled:
+                _expect_error(error, lambda: _call(op, _on_neuron(op, sample)))
             continue
-        actual = _call(op, _on_neuron(op, sample))
+        actual = _call(_compiled_op(op) if compiled else op, _on_neuron(op, sample))
         if random or uninitialised:
             _compare(actual, expected, random, uninitialised)
             continue
@@ -379,6 +383,15 @@ def _forward(op, dtype, limit):
             _assert_close_to_float32_reference(op, sample, actual, expected)
             note = FLOAT32_REFERENCE
     return note
+
+
+def _compiled_op(op):
+    """The op through torch.compile, compiled afresh for each sample (Dynamo's recompile limit would otherwise
+    leave later samples to eager): graphs lower the views, in-place ops and layouts that eager's own handlers
+    take, and keep a program's aliasing and checks, so this is where a lowering eager never reaches is
+    tested."""
+    torch._dynamo.reset()
+    return torch.compile(lambda *args, **kwargs: op(*args, **kwargs), backend="neuron")
 
 
 def _low_precision(outputs):
@@ -609,4 +622,5 @@ def _refused(op, dtype, limit):
             _expect_error(error, lambda: _call(op, _on_neuron(op, sample)))
 
 
-_CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors, refused=_refused)
+_CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors, refused=_refused,
+                        compiled=functools.partial(_forward, compiled=True))
