@@ -117,7 +117,7 @@ class CompiledGraph:
                 tensors.append(a)
             else:
                 statics.append(a)
-        flagged = [k for k, t in enumerate(tensors) if t.is_conj() or t.is_neg()]
+        flagged = [k for k, t in enumerate(tensors) if math_bits.flagged(t)]
         if flagged:
             # the program reads storages: a lazily conjugated or negated input (x.conj(), a complex view's
             # imag) is read as the values it shows (views of it made by the program keep the original)
@@ -368,7 +368,7 @@ class _Program:
                 outputs, finals, bases = run_graph_with_inputs(graph.graph_module(), inputs,
                                                                rng.key_from(extras[0]) if extras else None,
                                                                graph.hidden_bases)
-            check_errors[:] = [(error, message) for _, error, message in conditions or ()]
+            check_errors[:] = [(error, message) for _, error, message in conditions]
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs) + bases, sources)):
                 if source is not None or j in aliases or j in views:
@@ -379,7 +379,7 @@ class _Program:
                     arrays.append(lay_out(value, value.shape, stride))
                 else:
                     constants[j] = value
-            return arrays + [c for c, _, _ in conditions or ()], {k: finals[positions[k]] for k in mutated_inputs}
+            return arrays + [c for c, _, _ in conditions], {k: finals[positions[k]] for k in mutated_inputs}
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)

@@ -49,9 +49,9 @@ def collecting():
 def unchecked():
     """For a graph traced inside JAX control flow or a transform (a cond's branch, a while loop's body, flex
     attention's score_mod under vmap): its conditions are values of that inner trace, which cannot leave it,
-    so its checks are dropped."""
+    so its checks are dropped. Yields an empty list, as `collecting` yields the conditions it found."""
     with collecting():
-        yield
+        yield []
 
 
 def index_in_range(index, size: int, error_type=IndexError, message="index out of range in self", negative=True):
