@@ -117,12 +117,12 @@ class CompiledGraph:
                 tensors.append(a)
             else:
                 statics.append(a)
-        flagged = [k for k, t in enumerate(tensors) if math_bits.flagged(t)]
-        if flagged:
+        resolve = None
+        if any(map(math_bits.flagged, tensors)):
             # the program reads storages: a lazily conjugated or negated input (x.conj(), a complex view's
             # imag) is read as the values it shows (views of it made by the program keep the original)
-            originals = {k: tensors[k] for k in flagged}
-            tensors = [math_bits.resolved(t) for t in tensors]
+            resolve, originals = math_bits.Resolver(), tensors
+            tensors = list(map(resolve, tensors))
         storages, views = storage_views(tensors)
         if storages is None:
             transfers.bring_to_device(tensors)
@@ -141,9 +141,8 @@ class CompiledGraph:
                 events.signature("graph", self.name, key)
             program = self.specialisations[key] = _Program(self, args, positions, storages, views, key)
         outputs = program.run(args, storages)
-        for k in flagged:
-            if positions[k] in self.mutated:
-                originals[k].copy_(tensors[k])  # written through the bits (eager.math_bits.copy_)
+        if resolve is not None:
+            resolve.write_back({id(t) for i, t in zip(positions, originals) if i in self.mutated})
         if self.flat_output is not None:
             return self.flat_output(outputs)
         return pytree.tree_unflatten(outputs, self.out_spec)

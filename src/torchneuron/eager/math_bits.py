@@ -95,27 +95,39 @@ def copy_(inner):
     return run
 
 
+class Resolver:
+    """Resolves the flagged tensors among an op's or a graph's inputs, each once (a tensor passed twice gets
+    one copy), and writes the copies of those it wrote back through the bits."""
+
+    def __init__(self):
+        self.copies = {}
+
+    def __call__(self, value):
+        if not flagged(value):
+            return value
+        if id(value) not in self.copies:
+            self.copies[id(value)] = (value, resolved(value))
+        return self.copies[id(value)][1]
+
+    def write_back(self, written: set) -> dict:
+        """Writes each copy whose original's id is in `written` into that original; {id(copy): original}."""
+        back = {}
+        for original, copy in self.copies.values():
+            if id(original) in written:
+                original.copy_(copy)
+                back[id(copy)] = original
+        return back
+
+
 def resolving(inner):
     """For the other ops that pass the bits through (matmuls, norms): flagged inputs are resolved, and a
     flagged tensor the op writes (addmm_'s self, an out=) is computed into a resolved copy, then written back."""
     def run(func, args, kwargs):
         if not _any_flagged(args, kwargs):
             return inner(func, args, kwargs)
-        copies = {}
-
-        def resolve(value):
-            if flagged(value):
-                copies.setdefault(id(value), (value, resolved(value)))
-                return copies[id(value)][1]
-            return value
-
-        out = inner(func, tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()})
-        written = {id(t) for t in registry.flatten(registry.written_arguments(func, args, kwargs))}
-        back = {}
-        for original, copy in copies.values():
-            if id(original) in written:
-                original.copy_(copy)
-                back[id(copy)] = original
+        resolve = Resolver()
+        out = inner(func, tuple(map(resolve, args)), {k: resolve(v) for k, v in kwargs.items()})
+        back = resolve.write_back({id(t) for t in registry.flatten(registry.written_arguments(func, args, kwargs))})
         if isinstance(out, (tuple, list)):
             return type(out)(back.get(id(o), o) for o in out)
         return back.get(id(out), out)
