@@ -177,6 +177,8 @@ _DATA_DEPENDENT = {
     "boolean index": (lambda x, mask: x[mask], 4096),
     "boolean index of rows": (lambda x, mask: x.reshape(1024, 4)[mask], 1024),
     "boolean index_put": (lambda x, mask: x.clone().index_put_((mask,), torch.tensor(0.0, device=x.device)), 4096),
+    "boolean index_put of rows": (lambda x, mask: x.reshape(1024, 4).clone().index_put_(
+        (mask,), torch.arange(4.0, device=x.device), accumulate=True), 1024),
     "repeat_interleave": (lambda x, mask: torch.repeat_interleave(mask.long()), 4096),
     "bincount": (lambda x, mask: torch.bincount(mask.long().cumsum(0)), 4096),
     "unique": (lambda x, mask: torch.unique(torch.where(mask, torch.arange(4096, device=x.device), 0),

@@ -594,6 +594,51 @@ def test_indexing_inside_a_compiled_cond_branch():
         torch.testing.assert_close(got.cpu(), f(sign * x.abs(), i))
 
 
+def _put_rows(x, mask, values):
+    return torch.index_put(x, (mask,), values)
+
+
+def _add_rows(x, mask, values):
+    return torch.index_put(x, (mask,), values, accumulate=True)
+
+
+def _put_columns(x, mask, values):
+    x = x.clone()
+    x[:, mask] = values
+    return x
+
+
+_MASK = torch.tensor([True, False, True])
+
+
+@pytest.mark.parametrize("f, mask, values", [
+    (_put_rows, _MASK, torch.randn(2, 4)), (_put_rows, _MASK, torch.randn(1, 4)), (_add_rows, _MASK, torch.randn(2, 4)),
+    (_put_rows, torch.tensor([[True, False, True, True]] * 3), torch.randn(9)),
+    (_put_columns, torch.tensor([True, False, False, True]), torch.randn(3, 2)),
+])
+def test_index_put_through_a_boolean_mask_in_a_compiled_graph(f, mask, values):
+    """Eager turns a mask into indices; a graph keeps it (index_put's result has self's shape), and its
+    lowering failed with JAX's NonConcreteBooleanIndexError, as the number of selected elements is data."""
+    x = torch.randn(3, 4)
+    got = torch.compile(f, backend="neuron")(*(t.to("neuron") for t in (x, mask, values)))
+    torch.testing.assert_close(got.cpu(), f(x, mask, values))
+
+
+def test_index_put_through_a_mask_selecting_other_than_the_values_rows_raises():
+    with pytest.raises(RuntimeError, match=r"value tensor of shape \[2, 4\] cannot be broadcast to indexing result "
+                                           r"of shape \[1, 4\]"):
+        torch.compile(_put_rows, backend="neuron")(*(t.to("neuron") for t in (
+            torch.randn(3, 4), torch.tensor([True, False, False]), torch.randn(2, 4)))).cpu()
+
+
+def test_batch_norm_in_eval_mode_saves_empty_statistics_as_the_cpu_does():
+    x, mean, var = torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5
+    f = lambda x, mean, var: torch.native_batch_norm(x, None, None, mean, var, False, 0.1, 1e-5)  # noqa: E731
+    got = torch.compile(f, backend="neuron")(*(t.to("neuron") for t in (x, mean, var)))
+    for g, e in zip(got, f(x, mean, var)):
+        torch.testing.assert_close(g.cpu(), e)
+
+
 @pytest.mark.parametrize("flag", [torch.conj, torch._neg_view, lambda z: z.conj().imag])
 def test_lazily_conjugated_or_negated_inputs_are_read_as_they_show(flag):
     """`x.conj()` is a view with a bit set, not new values: a compiled graph read its storage as it is (the

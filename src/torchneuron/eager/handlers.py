@@ -435,16 +435,11 @@ def index_put(func, args, kwargs):
             f"destination and {scalar_type_name(values.dtype)} for the source."
         )
     indices = _indices_on_device(x, indices)
-    accumulate = rest[1] if len(rest) > 1 else kwargs.get("accumulate", False)
-    if _is_leading_mask(x, indices) and values.dim() == 0 and not accumulate:
-        # x[mask] = value: a masked fill at the mask's size (the mask's nonzeros as indices would make the
-        # program one per number of them)
-        mask = indices[0]
-        _check_mask_shape(x, mask, 0)
-        mask = mask.reshape(*mask.shape, *(1,) * (x.dim() - mask.dim()))
-        fill = aten.masked_fill.Tensor if func is aten.index_put.default else aten.masked_fill_.Tensor
-        return fill(x, mask, values)
-    if _has_mask(indices):
+    if _is_leading_mask(x, indices):
+        # x[mask] = values: the lowering puts through the mask at its size (the mask's nonzeros as indices
+        # would make the program one per number of them)
+        _check_mask_shape(x, indices[0], 0)
+    elif _has_mask(indices):
         indices = _masks_to_indices(x, indices)
     return _computation(func)(func, (x, indices, *rest), kwargs)
 

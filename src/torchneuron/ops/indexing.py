@@ -43,12 +43,40 @@ def index(x, indices):
 
 @lower(aten.index_put)
 def index_put(x, indices, values, accumulate=False):
+    values = values.astype(x.dtype)
+    masks = [dim for dim, index in enumerate(indices) if index is not None and index.dtype == jnp.bool_]
+    if masks:
+        if sum(index is not None for index in indices) > 1:
+            raise NotImplementedError("torchneuron: index_put with a boolean mask and other index tensors in a "
+                                      "compiled graph; please report it at the project's issue tracker")
+        return _put_through_mask(x, masks[0], indices[masks[0]], values, accumulate)
     _check_indices(x, indices)
     key = _advanced_index(x, indices)
-    values = values.astype(x.dtype)
     if not accumulate:
         return x.at[key].set(values)
     return x.at[key].max(values) if x.dtype == jnp.bool_ else x.at[key].add(values)  # boolean addition is `or`
+
+
+def _put_through_mask(x, dim, mask, values, accumulate):
+    """x[..., mask] = values where only a compiled graph meets the mask (eager turns it into indices): the
+    number of selected elements is data, so the k-th selected element takes values' k-th row, found by a
+    running count of the mask, at the mask's size."""
+    lead, rest = x.shape[:dim], x.shape[dim + mask.ndim:]
+    flat = x.reshape(lead + (math.prod(mask.shape),) + rest)
+    mask = mask.reshape(-1)
+    rows = values.shape[-len(rest) - 1] if values.ndim > len(rest) else 1
+    count = jnp.sum(mask, dtype=jnp.int64)
+    result = [*lead, "{}", *rest]
+    checks.require((rows == 1) | (count == rows), RuntimeError,
+                   f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
+                   f"result of shape [{', '.join(map(str, result))}]", culprit=count)
+    rows_taken = jnp.clip(jnp.cumsum(mask) - 1, 0, rows - 1)
+    taken = jnp.take(jnp.broadcast_to(values, lead + (rows,) + rest), rows_taken, axis=dim)
+    selected = mask.reshape((-1,) + (1,) * len(rest))
+    if not accumulate:
+        return jnp.where(selected, taken, flat).reshape(x.shape)
+    added = jnp.where(selected, taken, jnp.zeros((), x.dtype))
+    return (flat | added if x.dtype == jnp.bool_ else flat + added).reshape(x.shape)
 
 
 def _vector_if_scalar(fn):
