@@ -5,13 +5,10 @@ op_db entry in every tested dtype with its variants and error inputs. The sweep 
 processes (an op that aborts its process fails alone), then each op's results are asserted: an
 unlisted failure fails, and so does a listed one that now passes, so expected_failures.txt only shrinks.
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+import torchneuron.compile as neuron_compile
 from torchneuron.conformance import harness, report
 
 from . import expected
@@ -82,26 +79,18 @@ def test_harness_catches_a_wrong_result(monkeypatch):
     assert result.status == harness.FAIL and "not close" in result.message
 
 
-_BROKEN_GRAPH_NEG = """
-import dataclasses, torch
-from torchneuron.conformance import harness
-from torchneuron.ops import rules
-neg = torch.ops.aten.neg.default
-rules._RULES[neg] = dataclasses.replace(rules.rule(neg), lowering=lambda x: x)
-op = next(op for op in harness.all_ops() if harness.op_id(op) == "neg")
-result, = harness.check_op(op, ["compiled"], [torch.float32])
-print(result.status, result.message)
-"""
-
-
-def test_compiled_check_runs_the_graph_lowering():
-    """The compiled check runs graphs through the lowering table: neg's lowering computing the identity fails it.
-    In a process of its own, whose compiled graphs and eager executables are all made after the change (no
-    graph from the disk cache either, which keys by source)."""
-    env = dict(os.environ, TORCHNEURON_COMPILE_CACHE="0")
-    out = subprocess.run([sys.executable, "-c", _BROKEN_GRAPH_NEG], capture_output=True, text=True, env=env,
-                         check=True, timeout=300).stdout
-    assert out.startswith("fail") and "not close" in out
+@pytest.mark.parametrize("check, graphs_per_sample", [("compiled", 1), ("compiled_grad", 2)])
+def test_compiled_checks_compile_every_sample(check, graphs_per_sample):
+    """Each sample gets graphs of its own (forward; forward and backward): with a wrapper Dynamo skips,
+    every sample after a process's first ran eagerly, and the check passed on eager's answers."""
+    op = next(op for op in ALL_OPS if harness.op_id(op) == "mul")
+    samples = list(harness._samples(op, torch.float32, check == "compiled_grad",
+                                    harness.max_samples(check, torch.float32)))
+    for _ in range(2):  # and again, after this process has compiled
+        before = neuron_compile.report()["graphs"]
+        result, = harness.check_op(op, [check], [torch.float32])
+        assert result.status == harness.PASS, result.message
+        assert neuron_compile.report()["graphs"] - before == graphs_per_sample * len(samples)
 
 
 def test_low_precision_results_are_still_checked(monkeypatch):

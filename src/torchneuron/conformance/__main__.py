@@ -1,6 +1,6 @@
 """`python -m torchneuron.conformance`: run the OpInfo sweep (or read saved results) and report.
 
-    python -m torchneuron.conformance                       # full sweep (about an hour on 2 cores)
+    python -m torchneuron.conformance                       # full sweep (about 40 minutes on 2 cores)
     python -m torchneuron.conformance --shard 1/4 --results part1.jsonl
     python -m torchneuron.conformance --from part*.jsonl --json conformance.json --markdown conformance.md
 """

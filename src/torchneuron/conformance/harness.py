@@ -2,8 +2,8 @@
 
 One `Result` per (op, check, dtype): `forward` for every tested dtype the op
 supports on the CPU, `grad` (float32 backward), `inplace` and `out` (the
-variants the OpInfo declares), `errors` (its error inputs) and `compiled`
-(the float32 forward samples through torch.compile). CPU fallback
+variants the OpInfo declares), `errors` (its error inputs) and `compiled` and
+`compiled_grad` (the float32 forward and grad samples through torch.compile). CPU fallback
 is made an error while each check runs, so a result measures our lowerings.
 """
 import contextlib
@@ -31,7 +31,7 @@ DTYPES = (
     torch.int32,
     torch.bool,
 )
-CHECKS = ("forward", "grad", "inplace", "out", "errors", "refused", "compiled")
+CHECKS = ("forward", "grad", "inplace", "out", "errors", "refused", "compiled", "compiled_grad")
 # dtypes an op's kernels may not take: where neither the CPU's nor CUDA's does, neuron must refuse it too
 REFUSABLE_DTYPES = (torch.complex64, torch.bool, torch.int64)
 PASS, FAIL, FALLBACK = "pass", "fail", "fallback"
@@ -85,7 +85,7 @@ def grad_dtype(op):
 
 def max_samples(check, dtype):
     """Samples per check: float32 forward and grad are the headline numbers and get more;
-    other dtypes and variants a few each, which keeps the full sweep to about an hour."""
+    other dtypes and variants a few each, which keeps the full sweep to about 40 minutes."""
     return 12 if check in ("forward", "grad") and dtype == torch.float32 else 4
 
 
@@ -100,6 +100,7 @@ def planned(op, checks=CHECKS, dtypes=DTYPES) -> list:
     plan += [("out", torch.float32)] if op.supports_out and float32 else []
     plan += [("errors", None)] if op.error_inputs_func is not None else []
     plan += [("compiled", torch.float32)] if float32 else []
+    plan += [("compiled_grad", torch.float32)] if grad_dtype(op) is not None and float32 else []
     cpu_dtypes = op.supported_dtypes("cpu")  # none: a CUDA-only op, which has nothing to refuse like the CPU
     plan += [("refused", d) for d in REFUSABLE_DTYPES if cpu_dtypes and d not in cpu_dtypes
              and d not in op.supported_dtypes("cuda")]
@@ -489,16 +490,18 @@ def _expect_error(cpu_error, on_neuron):
     raise AssertionError(f"CPU raised {type(cpu_error).__name__} ({cpu_error}) but neuron did not")
 
 
-def _grad(op, dtype, limit):
+def _grad(op, dtype, limit, compiled=False):
+    """`compiled`: forward and backward graphs by torch.compile (random ops' are the eager check's: their
+    central difference runs the op eagerly)."""
     for sample in _samples(op, dtype, True, limit):
         mode = _SeesRandomness()
         cpu_grads = _gradients(op, sample, _cloned(sample), watch=mode)
-        if cpu_grads is None:
+        if cpu_grads is None or (mode.random and compiled):
             continue
         if mode.random:
             _check_random_gradients(op, sample, cpu_grads)
             continue
-        neuron_grads = _gradients(op, sample, _on_neuron(op, sample))
+        neuron_grads = _gradients(_compiled_op(op) if compiled else op, sample, _on_neuron(op, sample))
         assert_close(tree_map(_to_cpu, neuron_grads), cpu_grads)
 
 
@@ -630,4 +633,5 @@ def _refused(op, dtype, limit):
 
 
 _CHECK_FUNCTIONS.update(forward=_forward, grad=_grad, inplace=_inplace, out=_out, errors=_errors, refused=_refused,
-                        compiled=functools.partial(_forward, compiled=True))
+                        compiled=functools.partial(_forward, compiled=True),
+                        compiled_grad=functools.partial(_grad, compiled=True))
