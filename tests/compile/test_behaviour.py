@@ -582,16 +582,37 @@ def test_compiled_indexing_out_of_range_raises_as_in_eager(f):
         compiled(x.to("neuron"), torch.tensor([4]).to("neuron")).cpu()
 
 
-def test_indexing_inside_a_compiled_cond_branch():
-    """A cond's branches are traced inside lax.cond, where their checks cannot be returned: they are dropped
-    there, not leaked out of the branch's trace."""
-    def f(x, i):
-        return torch.cond(x.sum() > 0, lambda x, i: x[i] * 2, lambda x, i: x[i] - 1, (x, i))
+def _rows_in_a_branch(x, i):
+    return torch.cond(x.sum() > 0, lambda x, i: x[i] * 2, lambda x, i: x[i.clamp(max=3)] - 1, (x, i))
 
-    x, i = torch.randn(4, 3), torch.tensor([2, 0])
-    for sign in (1, -1):
-        got = torch.compile(f, backend="neuron")(sign * x.abs().to("neuron"), i.to("neuron"))
-        torch.testing.assert_close(got.cpu(), f(sign * x.abs(), i))
+
+def test_indexing_inside_a_compiled_cond_branch_is_checked_where_the_branch_runs():
+    """A branch's checks are values of lax.cond's trace: they come out of the cond as results (the branch
+    that did not run reports none), where they were dropped and the index clamped."""
+    compiled = torch.compile(_rows_in_a_branch, backend="neuron")
+    x = torch.randn(4, 3).abs()
+    for sign, i in ((1, [2, 0]), (-1, [2, 0]), (-1, [9, 0])):
+        got = compiled(sign * x.to("neuron"), torch.tensor(i).to("neuron"))
+        torch.testing.assert_close(got.cpu(), _rows_in_a_branch(sign * x, torch.tensor(i)))
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
+        compiled(x.to("neuron"), torch.tensor([9, 0]).to("neuron")).cpu()
+
+
+def _sum_of_rows_in_a_loop(x, i):
+    from torch._higher_order_ops.while_loop import while_loop
+
+    return while_loop(lambda k, total: k < 3, lambda k, total: (k + 1, total + x[(i + k).reshape(1)].sum()),
+                      (torch.zeros((), dtype=torch.int64, device=x.device), torch.zeros((), device=x.device)))[1]
+
+
+def test_indexing_inside_a_compiled_while_loop_is_checked():
+    """The body's checks are carried through lax.while_loop, the first failure kept."""
+    compiled = torch.compile(_sum_of_rows_in_a_loop, backend="neuron", fullgraph=True)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(compiled(x.to("neuron"), torch.tensor(2).to("neuron")).cpu(),
+                               _sum_of_rows_in_a_loop(x, torch.tensor(2)))
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        compiled(x.to("neuron"), torch.tensor(3).to("neuron")).cpu()
 
 
 def _put_rows(x, mask, values):

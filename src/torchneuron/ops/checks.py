@@ -54,6 +54,29 @@ def unchecked():
         yield []
 
 
+def collected() -> bool:
+    """Whether the program being traced keeps its checks (eager's and compiled graphs' do)."""
+    return bool(_collectors)
+
+
+def report(conditions) -> None:
+    """Conditions an inner trace returned as values (a cond's branches, a loop's body), each with its
+    `(condition, error_type, message)` as `collecting` found them there, for the enclosing program."""
+    if _collectors:
+        _collectors[-1].extend(conditions)
+
+
+def held(condition):
+    """A value of `condition`'s shape and dtype saying the check held: where an inner trace that did not
+    run the check (the other branch of a cond) must give one, and a loop starts from."""
+    return jnp.ones((), condition.dtype) if condition.ndim == 0 else jnp.array([1, 0], condition.dtype)
+
+
+def first_failure(earlier, later):
+    """Of a check made again (each iteration of a loop), the earlier failure, else the later result."""
+    return earlier & later if earlier.ndim == 0 else jnp.where(earlier[0] == 1, later, earlier)
+
+
 def index_in_range(index, size: int, error_type=IndexError, message="index out of range in self", negative=True):
     """`index` addresses one of `size` elements; counted from the end too where the op allows `negative`."""
     low = -size if negative else 0

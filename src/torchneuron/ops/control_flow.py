@@ -11,6 +11,7 @@ its subgraph, in the graph's program, run through the lowering table: a data-dep
 host round trip and no graph break. `with_effects`, which orders an effectful op (`_linalg_check_errors`
 after torch.linalg's factorizations and solvers), is that op's lowering in the program.
 """
+import jax
 import jax.numpy as jnp
 from jax import lax
 from torch._C import DispatchKey
@@ -38,9 +39,35 @@ dense_rule_for_neuron(while_loop_op)
 
 
 def _outputs(graph, values) -> tuple:
-    with checks.unchecked():
-        out = run_graph(graph, list(values))
+    out = run_graph(graph, list(values))
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _checks_of(graph, values) -> list:
+    """The checks `graph` makes, as `collecting` finds them ((condition, error_type, message)), with
+    `condition` a shape: found by tracing it aside, as a branch or loop body must return them as values
+    of a structure fixed before it is traced."""
+    found = []
+
+    def trace(values):
+        with checks.collecting() as conditions:
+            _outputs(graph, values)
+        found.extend((jax.ShapeDtypeStruct(c.shape, c.dtype), error, message) for c, error, message in conditions)
+        return ()
+
+    jax.eval_shape(trace, tuple(jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values))
+    return found
+
+
+def _checked(graph, slots):
+    """`graph` returning its outputs and a value for each check slot: its own checks' conditions in its own
+    slots (each slot's owner is a graph), `checks.held` in the others'."""
+    def run(values):
+        with checks.collecting() as conditions:
+            out = _outputs(graph, values)
+        mine = iter(conditions)
+        return out, tuple(next(mine)[0] if owner is graph else checks.held(shape) for owner, (shape, *_) in slots)
+    return run
 
 
 def _flag(value):
@@ -49,25 +76,45 @@ def _flag(value):
 
 @lower(cond_op)
 def cond(pred, true_graph, false_graph, operands):
-    return lax.cond(_flag(pred), lambda values: _outputs(true_graph, values),
-                    lambda values: _outputs(false_graph, values), tuple(operands))
+    """The branch that runs reports its checks; the other's hold."""
+    operands = tuple(operands)
+    slots = [(graph, check) for graph in (true_graph, false_graph) for check in _checks_of(graph, operands)
+             ] if checks.collected() else []
+    out, conditions = lax.cond(_flag(pred), _checked(true_graph, slots), _checked(false_graph, slots), operands)
+    checks.report((c, error, message) for c, (_, (_, error, message)) in zip(conditions, slots))
+    return out
 
 
 @lower(while_loop_op)
 def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
+    """The body's checks are carried through the loop, each keeping its first failure. The predicate's are
+    dropped: lax's loop condition returns the predicate alone."""
     additional = tuple(additional_inputs)
+    carried = tuple(jnp.asarray(c) for c in carried_inputs)
+    slots = [(body_graph, check) for check in _checks_of(body_graph, carried + additional)
+             ] if checks.collected() else []
+    body = _checked(body_graph, slots)
 
-    def step(carried):
+    def step(state):
+        values, conditions = state
+        new, found = body(values + additional)
         # the body's results carried with the carried values' dtypes, as the loop requires of every iteration
-        return tuple(jnp.asarray(new, dtype=old.dtype) for new, old in zip(_outputs(body_graph, carried + additional),
-                                                                           carried))
+        return (tuple(jnp.asarray(n, dtype=old.dtype) for n, old in zip(new, values)),
+                tuple(map(checks.first_failure, conditions, found)))
 
-    return lax.while_loop(lambda carried: _flag(_outputs(cond_graph, carried + additional)[0]), step,
-                          tuple(jnp.asarray(c) for c in carried_inputs))
+    def predicate(state):
+        with checks.unchecked():
+            return _flag(_outputs(cond_graph, state[0] + additional)[0])
+
+    start = tuple(checks.held(shape) for _, (shape, *_) in slots)
+    out, conditions = lax.while_loop(predicate, step, (carried, start))
+    checks.report((c, error, message) for c, (_, (_, error, message)) in zip(conditions, slots))
+    return out
 
 
 @lower(invoke_subgraph)
 def nested_compile_region(subgraph, identifier, *operands):
+    """Run inline, in the enclosing program's trace, which keeps its checks."""
     return _outputs(subgraph, operands)
 
 
