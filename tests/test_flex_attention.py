@@ -174,3 +174,26 @@ def test_assert_async_raises_at_synchronisation():
     torch._assert_async(torch.tensor(0.0, device="neuron"))
     with pytest.raises(RuntimeError, match="single nonzero value"):
         torch.neuron.synchronize()
+
+
+@pytest.mark.parametrize("positions, raises", [(2 * L - 1, False), (L, True)])
+def test_a_bias_table_indexed_out_of_range_in_a_compiled_score_mod_raises(positions, raises):
+    """The score_mod runs under vmap, whose trace its checks leave as grids of conditions: an index beyond
+    the table raised on the CPU and clamped silently on neuron."""
+    table = torch.randn(H, positions)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table_on_neuron[h, q_idx - kv_idx + L - 1]
+
+    q, k, v = (t.to("neuron") for t in _inputs())
+    table_on_neuron = table.to("neuron")
+    compiled = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=score_mod), backend="neuron")
+    if raises:
+        with pytest.raises(IndexError, match=f"out of bounds for dimension 1 with size {L}"):
+            compiled(q, k, v).cpu()
+        return
+    rows, cols = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    q, k, v = _inputs()
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D) + table[:, rows - cols + L - 1]
+    torch.testing.assert_close(compiled(*(t.to("neuron") for t in (q, k, v))).cpu(), torch.softmax(scores, -1) @ v,
+                               rtol=1e-4, atol=1e-4)

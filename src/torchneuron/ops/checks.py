@@ -77,6 +77,15 @@ def first_failure(earlier, later):
     return earlier & later if earlier.ndim == 0 else jnp.where(earlier[0] == 1, later, earlier)
 
 
+def over_all(conditions, batch_ndim: int):
+    """A check made at each point of a grid (its `batch_ndim` leading axes, vmap's) as one condition: held
+    everywhere, else the first failure."""
+    if conditions.ndim == batch_ndim:
+        return jnp.all(conditions)
+    rows = conditions.reshape(-1, 2)
+    return rows[jnp.argmin(rows[:, 0])]
+
+
 def index_in_range(index, size: int, error_type=IndexError, message="index out of range in self", negative=True):
     """`index` addresses one of `size` elements; counted from the end too where the op allows `negative`."""
     low = -size if negative else 0

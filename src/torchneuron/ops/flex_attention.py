@@ -38,17 +38,26 @@ _LN2 = math.log(2)
 def _over_grid(subgraph, n_mapped: int, n_buffers: int):
     """`subgraph`, a function of (*values, b, h, q_idx, kv_idx, *buffers) on scalars, over the whole
     (B, H, Q, KV) grid: the `n_mapped` values are grids themselves, the indices their aranges, the
-    buffers whole."""
+    buffers whole. Its checks (a bias table indexed by position) come out of vmap's trace as grids of
+    conditions, each reported as one."""
+    found = []  # each check's (error type, message), as tracing the subgraph under vmap found them
 
     def on_scalars(*args):
-        with checks.unchecked():
-            return run_graph(subgraph, list(args))
+        with checks.collecting() as conditions:
+            out = run_graph(subgraph, list(args))
+        found[:] = [(error, message) for _, error, message in conditions]
+        return out, tuple(condition for condition, _, _ in conditions)
 
     mapped = on_scalars
     for axis in (3, 2, 1, 0):  # kv_idx innermost, as PyTorch's _vmap_for_bhqkv
         in_axes = (0,) * n_mapped + tuple(0 if i == axis else None for i in range(4)) + (None,) * n_buffers
         mapped = jax.vmap(mapped, in_axes=in_axes)
-    return mapped
+
+    def over_grid(*args):
+        out, conditions = mapped(*args)
+        checks.report((checks.over_all(grid, 4), error, message) for grid, (error, message) in zip(conditions, found))
+        return out
+    return over_grid
 
 
 def _heads_and_batch(query, key, value):
@@ -114,7 +123,8 @@ def flex_attention_backward_lowering(query, key, value, out, logsumexp, grad_out
             buffers[i] = v
         return _over_grid(fw_graph, 1, len(buffers))(scores, *grid, *buffers).astype(scores.dtype)
 
-    modded, score_mod_vjp = jax.vjp(score_mod, scores, *[score_mod_buffers[i] for i in learnable])
+    with checks.unchecked():  # the forward checked them; their values would not leave vjp's trace
+        modded, score_mod_vjp = jax.vjp(score_mod, scores, *[score_mod_buffers[i] for i in learnable])
     kept = _kept(block_mask, grid, mask_mod_buffers)
     masked = jnp.where(kept, modded, -jnp.inf)
     weights = jnp.where((logsumexp == -jnp.inf)[..., None], 0, jnp.exp(masked - logsumexp[..., None]))
