@@ -715,3 +715,14 @@ def test_pytorch_code_torchneuron_wraps_compiles_into_one_graph(make, device, ba
         f = f.to(device)
     compiled = torch.compile(f, backend=backend, fullgraph=True)
     torch.testing.assert_close(compiled(x.to(device)).cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64, torch.bool])
+def test_graphs_with_constants_numpy_cannot_hold_are_cached(dtype):
+    """A graph's constants are part of its disk-cache key; hashing them through numpy failed on bfloat16
+    ("Got unsupported ScalarType"), so every graph holding one (masked reductions' fill values) failed."""
+    def f(x):
+        return x * torch.tensor([1, 0], dtype=dtype, device=x.device)
+
+    x = torch.randn(3, 2).to(dtype)
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x.to("neuron")).cpu(), f(x))

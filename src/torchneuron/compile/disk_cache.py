@@ -40,9 +40,14 @@ def graph_digest(gm: torch.fx.GraphModule) -> str:
         for node in gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(gm, node.target)
-                digest.update(value.detach().cpu().contiguous().numpy().tobytes() if isinstance(value, torch.Tensor)
-                              else repr(value).encode())
+                digest.update(_tensor_bytes(value) if isinstance(value, torch.Tensor) else repr(value).encode())
     return digest.hexdigest()
+
+
+def _tensor_bytes(tensor) -> bytes:
+    """Its dtype, shape and bytes (as bytes: numpy has no bfloat16)."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return repr((tensor.dtype, tuple(tensor.shape))).encode() + data
 
 
 def path_for(graph: str, signature, device: int):
