@@ -70,6 +70,11 @@ def _checked(graph, slots):
     return run
 
 
+def _report(conditions, slots) -> None:
+    """The conditions an inner trace returned for `slots`, for the enclosing program."""
+    checks.report((condition, error, message) for condition, (_, (_, error, message)) in zip(conditions, slots))
+
+
 def _flag(value):
     return jnp.asarray(value, dtype=bool).reshape(())
 
@@ -81,7 +86,7 @@ def cond(pred, true_graph, false_graph, operands):
     slots = [(graph, check) for graph in (true_graph, false_graph) for check in _checks_of(graph, operands)
              ] if checks.collected() else []
     out, conditions = lax.cond(_flag(pred), _checked(true_graph, slots), _checked(false_graph, slots), operands)
-    checks.report((c, error, message) for c, (_, (_, error, message)) in zip(conditions, slots))
+    _report(conditions, slots)
     return out
 
 
@@ -108,7 +113,7 @@ def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
 
     start = tuple(checks.held(shape) for _, (shape, *_) in slots)
     out, conditions = lax.while_loop(predicate, step, (carried, start))
-    checks.report((c, error, message) for c, (_, (_, error, message)) in zip(conditions, slots))
+    _report(conditions, slots)
     return out
 
 
