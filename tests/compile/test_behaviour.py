@@ -605,6 +605,27 @@ def _sum_of_rows_in_a_loop(x, i):
                       (torch.zeros((), dtype=torch.int64, device=x.device), torch.zeros((), device=x.device)))[1]
 
 
+def _sum_while_rows_are_finite(x, i):
+    from torch._higher_order_ops.while_loop import while_loop
+
+    return while_loop(lambda k, total: (x[(i + k).reshape(1)].sum() > -1e9) & (k < 3),
+                      lambda k, total: (k + 1, total + x[k.reshape(1)].sum()),
+                      (torch.zeros((), dtype=torch.int64, device=x.device), torch.zeros((), device=x.device)))[1]
+
+
+def test_indexing_inside_a_compiled_while_predicate_is_checked():
+    """The predicate's checks, which lax's loop condition cannot return, are made again before the loop and
+    at the end of each iteration, and carried: x[5] in the fourth test raises."""
+    compiled = torch.compile(_sum_while_rows_are_finite, backend="neuron", fullgraph=True)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(compiled(x.to("neuron"), torch.tensor(1).to("neuron")).cpu(),
+                               _sum_while_rows_are_finite(x, torch.tensor(1)))
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        _sum_while_rows_are_finite(x, torch.tensor(2))
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        compiled(x.to("neuron"), torch.tensor(2).to("neuron")).cpu()
+
+
 def test_indexing_inside_a_compiled_while_loop_is_checked():
     """The body's checks are carried through lax.while_loop, the first failure kept."""
     compiled = torch.compile(_sum_of_rows_in_a_loop, backend="neuron", fullgraph=True)

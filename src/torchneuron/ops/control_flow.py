@@ -92,20 +92,26 @@ def cond(pred, true_graph, false_graph, operands):
 
 @lower(while_loop_op)
 def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
-    """The body's checks are carried through the loop, each keeping its first failure. The predicate's are
-    dropped: lax's loop condition returns the predicate alone."""
+    """The checks are carried through the loop, each keeping its first failure: the body's, and the
+    predicate's, whose test lax's loop condition cannot return (it returns the predicate alone): the first
+    test is made again before the loop, each later one again at the end of the iteration before it."""
     additional = tuple(additional_inputs)
     carried = tuple(jnp.asarray(c) for c in carried_inputs)
-    slots = [(body_graph, check) for check in _checks_of(body_graph, carried + additional)
+    slots = [(graph, check) for graph in (body_graph, cond_graph) for check in _checks_of(graph, carried + additional)
              ] if checks.collected() else []
-    body = _checked(body_graph, slots)
+    body, next_test = _checked(body_graph, slots), _checked(cond_graph, slots)
+    tests_checked = any(owner is cond_graph for owner, _ in slots)
+    if tests_checked:
+        _outputs(cond_graph, carried + additional)  # in this program's trace, which keeps its checks
 
     def step(state):
         values, conditions = state
         new, found = body(values + additional)
         # the body's results carried with the carried values' dtypes, as the loop requires of every iteration
-        return (tuple(jnp.asarray(n, dtype=old.dtype) for n, old in zip(new, values)),
-                tuple(map(checks.first_failure, conditions, found)))
+        new = tuple(jnp.asarray(n, dtype=old.dtype) for n, old in zip(new, values))
+        if tests_checked:
+            found = tuple(map(checks.first_failure, found, next_test(new + additional)[1]))
+        return new, tuple(map(checks.first_failure, conditions, found))
 
     def predicate(state):
         with checks.unchecked():
