@@ -47,9 +47,11 @@ def collecting():
 
 @contextlib.contextmanager
 def unchecked():
-    """For a graph traced inside JAX control flow or a transform (a cond's branch, a while loop's body, flex
-    attention's score_mod under vmap): its conditions are values of that inner trace, which cannot leave it,
-    so its checks are dropped. Yields an empty list, as `collecting` yields the conditions it found."""
+    """For code whose checks are dropped: a while loop's predicate as lax's loop condition runs it (which
+    returns the predicate alone; `control_flow.while_loop` makes its checks again in the body), the replay
+    of flex attention's score_mod under jax.vjp (the forward checked it), and programs of several processes
+    (mesh graphs, whose results are all shards). Yields an empty list, as `collecting` yields the conditions
+    it found. Control flow and vmap return theirs as values (`report`, `held`, `first_failure`, `over_all`)."""
     with collecting():
         yield []
 

@@ -58,9 +58,9 @@ def index_put(x, indices, values, accumulate=False):
 
 
 def _put_through_mask(x, dim, mask, values, accumulate):
-    """x[..., mask] = values where only a compiled graph meets the mask (eager turns it into indices): the
-    number of selected elements is data, so the k-th selected element takes values' k-th row, found by a
-    running count of the mask, at the mask's size."""
+    """x[..., mask] = values, in eager for a mask of x's leading dimensions and in compiled graphs, which keep
+    masks: the number of selected elements is data, so the k-th selected element takes values' k-th row,
+    found by a running count of the mask, at the mask's size (one program whatever the count)."""
     lead, rest = x.shape[:dim], x.shape[dim + mask.ndim:]
     flat = x.reshape(lead + (math.prod(mask.shape),) + rest)
     mask = mask.reshape(-1)
