@@ -8,6 +8,7 @@ from torchneuron import compile as neuron_compile
 from torchneuron.eager import fallback
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+M, K, N = 16, 32, 24
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +18,6 @@ def _reference_cpu_kernel():
     reference kernel (and CUDA's saturation), which oneDNN disabled gives on every CPU."""
     with torch.backends.mkldnn.flags(enabled=False):
         yield
-M, K, N = 16, 32, 24
 
 
 def _operands(a_dtype=E4M3, b_dtype=E4M3, seed=0):
