@@ -33,6 +33,7 @@ flex_attention.py_impl(NeuronTensor)(sdpa_dense)
 flex_attention_backward.py_impl(NeuronTensor)(sdpa_dense_backward)
 
 _LN2 = math.log(2)
+_GRID_AXES = (3, 2, 1, 0)  # (b, h, q_idx, kv_idx), kv_idx mapped innermost as PyTorch's _vmap_for_bhqkv
 
 
 def _over_grid(subgraph, n_mapped: int, n_buffers: int):
@@ -49,13 +50,14 @@ def _over_grid(subgraph, n_mapped: int, n_buffers: int):
         return out, tuple(condition for condition, _, _ in conditions)
 
     mapped = on_scalars
-    for axis in (3, 2, 1, 0):  # kv_idx innermost, as PyTorch's _vmap_for_bhqkv
-        in_axes = (0,) * n_mapped + tuple(0 if i == axis else None for i in range(4)) + (None,) * n_buffers
-        mapped = jax.vmap(mapped, in_axes=in_axes)
+    for axis in _GRID_AXES:
+        index_axes = tuple(0 if i == axis else None for i in range(len(_GRID_AXES)))
+        mapped = jax.vmap(mapped, in_axes=(0,) * n_mapped + index_axes + (None,) * n_buffers)
 
     def over_grid(*args):
         out, conditions = mapped(*args)
-        checks.report((checks.over_all(grid, 4), error, message) for grid, (error, message) in zip(conditions, found))
+        checks.report((checks.over_all(grid, len(_GRID_AXES)), error, message)
+                      for grid, (error, message) in zip(conditions, found))
         return out
     return over_grid
 
