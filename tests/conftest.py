@@ -6,11 +6,13 @@ import os
 import shutil
 import tempfile
 
-# A fresh on-disk cache per run: graphs and executables cached by an earlier run on this machine would skip
-# the tracing and compiling that tests count, and would hide a cache that no longer loads. Set before torch
-# is imported, since `import torch` autoloads torchneuron.
-if "TORCHNEURON_CACHE_DIR" not in os.environ:
-    os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-tests-")
+# A fresh on-disk cache per test process: graphs and executables cached by an earlier run on this machine,
+# or by the other pytest-xdist worker (which inherits the controller's environment), would skip the tracing
+# and compiling that tests count, and would hide a cache that no longer loads. Set before torch is imported,
+# since `import torch` autoloads torchneuron.
+if os.environ.get("TORCHNEURON_CACHE_DIR", "") == os.environ.get("_TORCHNEURON_TESTS_CACHE_DIR", ""):
+    os.environ["TORCHNEURON_CACHE_DIR"] = os.environ["_TORCHNEURON_TESTS_CACHE_DIR"] = tempfile.mkdtemp(
+        prefix="torchneuron-tests-")
     atexit.register(shutil.rmtree, os.environ["TORCHNEURON_CACHE_DIR"], True)
 
 import pytest  # noqa: E402
