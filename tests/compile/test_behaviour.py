@@ -514,6 +514,28 @@ def test_outputs_viewing_another_output_alias_it():
     torch.testing.assert_close(transposed.cpu(), y.cpu().t())
 
 
+def test_outputs_viewing_another_output_by_symbolic_sizes_alias_it():
+    """Under `dynamic=True`, `y[:n], y[n:]` with `n` from an input's size alias `y` as in eager, in each
+    signature the one graph runs with (they were buffers of their own: a write through one did not show)."""
+    def f(x, like):
+        y = x * 2
+        return y, y[: like.shape[0]], y[like.shape[0]:]
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    neuron_compile.reset()
+    for n in (3, 4, 5):
+        x = torch.arange(8.0)
+        y, head, tail = compiled(x.to("neuron"), torch.empty(n))
+        expected, expected_head, expected_tail = f(x, torch.empty(n))
+        assert head.untyped_storage().data_ptr() == tail.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        assert (tail.shape, tail.storage_offset()) == (expected_tail.shape, expected_tail.storage_offset())
+        head.add_(100)
+        expected_head.add_(100)
+        torch.testing.assert_close(y.cpu(), expected)
+        torch.testing.assert_close(tail.cpu(), expected_tail)
+    assert neuron_compile.report()["dynamo_graphs"] == 1
+
+
 def test_writing_to_an_output_the_backward_saved_raises_as_in_eager():
     """AOTAutograd's forward returns `exp(x)` and, detached, the same value saved for the backward: the two
     share a version counter, so an in-place write to the output raises PyTorch's error, as eager and Inductor

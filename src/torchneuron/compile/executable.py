@@ -15,6 +15,7 @@ import torch
 from torch._library.utils import lookup_op
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from ..eager import adaptive, cpu_dtypes, math_bits, transfers, views
@@ -202,16 +203,28 @@ def _output_views(leaves, placeholders, mutated, aliases, saved):
     `transpose`) are the program's own buffers, laid out as they are (no view op at each run), and so are the
     views of outputs and intermediates that a forward graph saves for its backward (`saved`), which no user
     sees: making them at each run cost more than the copies (a small GPT's q, k and v, views of one
-    projection: its compiled training step's median 80-82 -> 84-93 ms)."""
+    projection: its compiled training step's median 80-82 -> 84-93 ms).
+
+    A view's sizes may be symbolic (`y[:n]` in a dynamic graph): each such size is a result of the program too,
+    a number fixed for its signature (`_SizeResult` in the chain, resolved by each program)."""
     first = {}
     for j, leaf in enumerate(leaves):
         if isinstance(leaf, torch.fx.Node):
             first.setdefault(leaf, j)
     views, hidden = {}, []
+
+    def hidden_result(node) -> int:
+        if node not in hidden:
+            hidden.append(node)
+        return len(leaves) + hidden.index(node)
+
+    def size_results(value):
+        return _SizeResult(hidden_result(value)) if isinstance(value, torch.fx.Node) else value
+
     for j, leaf in enumerate(leaves):
         chain, node = [], leaf
         while _is_static_view(node):
-            chain.append((node.target.name(), node.args[1:], node.kwargs))
+            chain.append((node.target.name(), *pytree.tree_map(size_results, (node.args[1:], node.kwargs))))
             node = node.args[0]
         if not chain or j in aliases:
             continue
@@ -222,9 +235,7 @@ def _output_views(leaves, placeholders, mutated, aliases, saved):
         elif node in first:
             base = ("output", first[node])
         elif _needs_its_base(leaf.meta.get("val"), node.meta.get("val")):
-            if node not in hidden:
-                hidden.append(node)
-            base = ("output", len(leaves) + hidden.index(node))
+            base = ("output", hidden_result(node))
         else:
             base = None
         if base is not None:
@@ -241,13 +252,28 @@ def _needs_its_base(view, base) -> bool:
 
 
 def _is_static_view(node) -> bool:
-    """A node viewing its first argument, a tensor, by arguments fixed in the graph (no sizes computed in it)."""
+    """A node viewing its first argument, a tensor, by arguments fixed for each input signature: constants, or
+    sizes computed from the inputs' sizes (not from values the program computes)."""
     if not (isinstance(node, torch.fx.Node) and _is_op(node) and isinstance(node.args[0], torch.fx.Node)):
         return False
     returns = node.target._schema.returns
     if len(returns) != 1 or returns[0].alias_info is None or returns[0].alias_info.is_write:
         return False
-    return not any(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves((node.args[1:], node.kwargs)))
+    return all(_is_backed_size(a) for a in pytree.tree_leaves((node.args[1:], node.kwargs))
+               if isinstance(a, torch.fx.Node))
+
+
+def _is_backed_size(node) -> bool:
+    """A symbolic integer of the graph whose value each input signature fixes (not one read from data)."""
+    value = node.meta.get("val")
+    return isinstance(value, torch.SymInt) and not free_unbacked_symbols(value)
+
+
+class _SizeResult:
+    """In a view's chain of arguments: the program's result at `position`, a symbolic size's value."""
+
+    def __init__(self, position: int):
+        self.position = position
 
 
 def _cpu_dtype_refusal(gm):
@@ -328,6 +354,16 @@ def _output_specs(array_outputs) -> list:
 _ALIAS = torch.ops.aten.detach.default
 
 
+def _sized(views, constants) -> dict:
+    """Output views with their symbolic sizes' values for one signature (the program returned them as
+    constants)."""
+    def value(argument):
+        return constants[argument.position] if type(argument) is _SizeResult else argument
+
+    return {j: (base, [(op, *pytree.tree_map(value, (args, kwargs))) for op, args, kwargs in chain])
+            for j, (base, chain) in views.items()}
+
+
 class _Program:
     """The storage program for one input signature, and how to turn its results into tensors."""
 
@@ -397,6 +433,7 @@ class _Program:
             lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
             self.compiled, self.constants, self.check_errors = lowered.compile(), constants, check_errors
             self.output_specs = _output_specs(array_outputs)
+            self.views = _sized(views, constants)
             return
 
         def export():
@@ -413,6 +450,7 @@ class _Program:
         # compiled now (through JAX's persistent cache), so that a failure surfaces here
         program = self.program.jit(self.device_index, exported.call if exported is not None else None)
         self.compiled = program.trace(*avals).lower().compile()
+        self.views = _sized(views, self.constants)
 
     def run(self, args, storages):
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
