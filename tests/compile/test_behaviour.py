@@ -481,15 +481,17 @@ VIEWS_OF_INTERMEDIATES = [  # a function, its input: an output eager makes as a 
 ]
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("f", VIEWS_OF_INTERMEDIATES)
-def test_views_of_intermediates_are_views_as_in_eager(f, training):
+def test_views_of_intermediates_are_views_as_in_eager(f, training, dynamic):
     """An output viewing an intermediate has eager's strides and storage offset, and its storage eager's size
-    (an expand holds its base's elements only), as Inductor's programs return it; it was a row-major copy."""
+    (an expand holds its base's elements only), as Inductor's programs return it; it was a row-major copy (and
+    under `dynamic=True`, a copy still, its sizes being symbolic)."""
     torch.manual_seed(0)
     cpu_input = torch.randn(4, 6).requires_grad_(training)
     device_input = cpu_input.detach().to("neuron").requires_grad_(training)
-    expected, got = f(cpu_input), torch.compile(f, backend="neuron")(device_input)
+    expected, got = f(cpu_input), torch.compile(f, backend="neuron", dynamic=dynamic)(device_input)
     assert (got.stride(), got.storage_offset()) == (expected.stride(), expected.storage_offset())
     assert got.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
     torch.testing.assert_close(got.detach().cpu(), expected.detach())

@@ -15,7 +15,7 @@ import torch
 from torch._library.utils import lookup_op
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 from torch.utils import _pytree as pytree
 
 from ..eager import adaptive, cpu_dtypes, math_bits, transfers, views
@@ -245,9 +245,10 @@ def _output_views(leaves, placeholders, mutated, aliases, saved):
 
 def _needs_its_base(view, base) -> bool:
     """Whether a view of an intermediate shows other memory than a buffer of its own laid out densely."""
-    if not isinstance(view, torch.Tensor) or not isinstance(base, torch.Tensor) or _symbolic(view) or _symbolic(base):
+    if not isinstance(view, torch.Tensor) or not isinstance(base, torch.Tensor):
         return False
-    return not (view.storage_offset() == 0 and view.numel() == base.numel()
+    # of symbolic sizes, a view is made of its base unless it is dense from its start and all of it for every size
+    return not (statically_known_true(view.storage_offset() == 0) and statically_known_true(view.numel() == base.numel())
                 and is_non_overlapping_and_dense_or_false(view))
 
 
