@@ -472,6 +472,26 @@ def test_outputs_are_laid_out_as_eager_lays_them_out(f, inputs, training):
             torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad, rtol=1e-4, atol=1e-4)
 
 
+def _one_row_more(t):
+    """`t` with its first row repeated at its end, in its memory format."""
+    channels_last = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+    grown = torch.cat([t, t[:1]])
+    return _channels_last(grown) if channels_last else grown
+
+
+@pytest.mark.parametrize("f, inputs", LAID_OUT)
+def test_outputs_of_symbolic_sizes_are_laid_out_as_eager_lays_them_out(f, inputs):
+    """Under `dynamic=True` too, for the sizes the graph was traced with and for others (they were row-major,
+    their strides being symbolic)."""
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    neuron_compile.reset()
+    for cpu_inputs in (inputs(), [_one_row_more(t) for t in inputs()[:1]] + list(inputs()[1:])):
+        expected, got = f(*cpu_inputs), compiled(*[t.to("neuron") for t in cpu_inputs])
+        assert got.stride() == expected.stride() != torch.empty(expected.shape).stride()
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+    assert neuron_compile.report()["dynamo_graphs"] == 1
+
+
 VIEWS_OF_INTERMEDIATES = [  # a function, its input: an output eager makes as a view of an intermediate
     lambda a: (a * 2).expand(3, 4, 6),
     lambda a: a.sum(0, keepdim=True).expand_as(a),

@@ -326,25 +326,40 @@ def _meta_device(gm) -> int:
 
 
 def _dense_layout(fake):
-    """(shape, strides) of an output whose fake tensor lays it out densely but not row-major (channels-last,
-    a transpose): its program writes it so, as Inductor's programs and the eager ops do, for code that reads
-    the layout (`y.permute(0, 2, 3, 1).view(...)`, `is_contiguous`). None for the rest, made contiguous: those
-    laid out row-major, those of symbolic sizes, and views into a larger intermediate or expanded ones,
-    which would carry memory they do not show."""
+    """(shape, strides, order of the dimensions, outermost first) of an output whose fake tensor lays it out
+    densely but not row-major (channels-last, a transpose): its program writes it so, as Inductor's programs
+    and the eager ops do, for code that reads the layout (`y.permute(0, 2, 3, 1).view(...)`, `is_contiguous`).
+    Of symbolic sizes, the sizes Dynamo traced with stand for them, and the order gives the strides of the
+    others. None for the rest, made contiguous: those laid out row-major, and views into a larger intermediate
+    or expanded ones, which would carry memory they do not show."""
     if not isinstance(fake, torch.Tensor):
         return None
-    shape, stride = tuple(fake.shape), tuple(fake.stride())
-    if not all(type(v) is int for v in shape + stride) or is_contiguous(shape, stride):
+    shape, stride = (tuple(_hint(v) for v in values) for values in (fake.shape, fake.stride()))
+    if None in shape + stride or is_contiguous(shape, stride):
         return None
-    return (shape, stride) if is_non_overlapping_and_dense_or_false(fake) else None
+    if not is_non_overlapping_and_dense_or_false(torch.empty_strided(shape, stride, device="meta")):
+        return None
+    return shape, stride, tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
+
+
+def _hint(size):
+    """A size's value, or for a symbolic one the value Dynamo traced with (None if it has none)."""
+    return size.node.hint if isinstance(size, torch.SymInt) else size
 
 
 def _output_strides(dense_layout, shape) -> tuple:
-    """An array output's strides: its fake tensor's dense layout where it has one for this shape, else
-    row-major."""
-    if dense_layout is not None and dense_layout[0] == tuple(shape):
-        return dense_layout[1]
-    return contiguous_strides(shape)
+    """An array output's strides: its fake tensor's dense layout where it has one (for another shape, in the
+    same order of dimensions), else row-major."""
+    if dense_layout is None:
+        return contiguous_strides(shape)
+    traced_shape, traced_strides, order = dense_layout
+    if traced_shape == tuple(shape):
+        return traced_strides
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
 
 
 def _output_specs(array_outputs) -> list:
