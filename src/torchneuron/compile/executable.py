@@ -248,8 +248,8 @@ def _needs_its_base(view, base) -> bool:
     if not isinstance(view, torch.Tensor) or not isinstance(base, torch.Tensor):
         return False
     # of symbolic sizes, a view is made of its base unless it is dense from its start and all of it for every size
-    return not (statically_known_true(view.storage_offset() == 0) and statically_known_true(view.numel() == base.numel())
-                and is_non_overlapping_and_dense_or_false(view))
+    return not (statically_known_true(view.storage_offset() == 0)
+                and statically_known_true(view.numel() == base.numel()) and is_non_overlapping_and_dense_or_false(view))
 
 
 def _is_static_view(node) -> bool:
@@ -404,8 +404,8 @@ class _Program:
         statics = [None if i in positions else a for i, a in enumerate(args)]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
         self.aliases = aliases = graph.out_aliases
-        self.views = views = {j: (base, [(lookup_op(name), *arguments) for name, *arguments in chain])
-                              for j, (base, chain) in graph.out_views.items()}
+        views = {j: (base, [(lookup_op(name), *arguments) for name, *arguments in chain])
+                 for j, (base, chain) in graph.out_views.items()}
         self.n_outputs = len(sources) - len(graph.hidden_bases)
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
 
