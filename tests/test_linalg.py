@@ -58,6 +58,37 @@ def test_lstsq_outputs_per_driver(driver):
         assert_same(neuron_value, cpu_value, **TOLERANCE)
 
 
+LSTSQ_SHAPES = [  # input, other: as the CPU reads them
+    ((5, 3), (5, 2)), ((3, 5), (3, 2)), ((5, 3), (5,)), ((2, 5, 3), (2, 5)),
+    ((1, 5, 3), (2, 5, 2)),  # input's batch broadcast; its rank and singular values keep input's own
+    ((1, 5, 3), (5, 2)),  # a matrix of one dimension less: solved once per row (PyTorch's quirk)
+]
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd"])
+@pytest.mark.parametrize("shapes", LSTSQ_SHAPES)
+def test_lstsq_broadcasts_and_lays_out_as_the_cpu(shapes, driver):
+    """The solution is LAPACK's: the first n rows of column-major max(m, n)-row matrices, as on the CPU and
+    CUDA (it was row-major); `other` is a vector, batched, or broadcast by PyTorch's rules (a matrix of one
+    dimension less raised a size mismatch)."""
+    a, b = (torch.randn(*shape, dtype=torch.float64) for shape in shapes)
+    cpu, neuron = _on_both(lambda *t: torch.linalg.lstsq(*t, driver=driver), a, b)
+    for neuron_value, cpu_value in zip(neuron, cpu):
+        assert_same(neuron_value, cpu_value)
+    layout = lambda t: (t.stride(), t.storage_offset(), t.untyped_storage().nbytes())  # noqa: E731
+    assert layout(neuron.solution) == layout(cpu.solution)
+
+
+@pytest.mark.parametrize("shapes", [((2, 5, 3), (5, 5)), ((2, 5, 3), (1, 5)), ((2, 5, 3), (3, 5, 2))])
+def test_lstsq_refuses_as_the_cpu(shapes):
+    """Batches that do not broadcast raise the CPU's RuntimeError (a JAX ValueError escaped)."""
+    a, b = (torch.randn(*shape) for shape in shapes)
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.linalg.lstsq(a, b)
+    with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+        torch.linalg.lstsq(a.to("neuron"), b.to("neuron"))
+
+
 def test_singular_input_raises_linalg_error_at_synchronisation():
     with pytest.raises(torch.linalg.LinAlgError, match="singular"):
         torch.linalg.inv(torch.zeros(3, 3, device="neuron")).cpu()

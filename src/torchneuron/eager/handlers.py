@@ -314,6 +314,20 @@ def _on_values(fn, args, kwargs):
                     is_leaf=_is_result)
 
 
+@handles(aten.linalg_lstsq.default)
+def lstsq(func, args, kwargs):
+    """The solution laid out as LAPACK leaves it, as the CPU and CUDA return it: the first n rows of column-major
+    (max(m, n), k) matrices (of max(m, n) vectors, for a vector right-hand side)."""
+    solution, *others = data_dependent(func, args, kwargs)
+    a = args[0]
+    rows, n = max(a.shape[-2:]), a.shape[-1]
+    if solution.dim() == a.dim() - 1:
+        full = solution.new_empty(solution.shape[:-1] + (rows,))[..., :n]
+    else:
+        full = solution.new_empty(solution.shape[:-2] + (solution.shape[-1], rows)).mT[..., :n, :]
+    return (full.copy_(solution), *others)
+
+
 def _data_dependent_out(func, args, kwargs):
     target = rule(func).target
     return _out_of_functional(func, lambda *a, **k: data_dependent(target, a, k), args, kwargs)

@@ -551,12 +551,27 @@ def _check_lstsq(a, b, driver):
         0 <= a.ndim - b.ndim <= 1,
         lambda: f"{name}: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1",
     )
-    vector = a.ndim == b.ndim + 1
+    vector = _lstsq_vector_case(a, b)
     torch._check(
         a.shape[-2] == b.shape[-1 if vector else -2],
         lambda: f"{name}: input.size(-2) should match other.size({-1 if vector else -2})",
     )
     torch._check(driver in _LSTSQ_DRIVERS, lambda: f"{name}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+
+
+def _lstsq_vector_case(a, b) -> bool:
+    """PyTorch's rule (linalg_solve_is_vector_rhs): `other` is a vector, or a batch of vectors shaped as
+    `input` less its last dimension; any other `other` of one dimension less is one matrix."""
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+def _lstsq_right_hand_sides(a, b):
+    """`other` (matrices) expanded to the batch the CPU solves for: `input`'s batch dimensions broadcast
+    against as many leading dimensions of `other`, so a matrix `other` of one dimension less is solved once
+    for each of its rows (PyTorch's own quirk), and a mismatch raises the CPU's error. `input` keeps its own
+    batch, which the rank and singular values have on the CPU."""
+    batch = tuple(torch._C._infer_size(torch.Size(a.shape[:-2]), torch.Size(b.shape[:a.ndim - 2])))
+    return jnp.broadcast_to(b, batch + b.shape[-2:])
 
 
 # whether the residuals exist depends on the rank found: eager runs this on concrete arrays
@@ -565,8 +580,8 @@ def lstsq(a, b, rcond=None, *, driver=None):
     """The minimum-norm solution through the SVD, with the outputs each LAPACK driver reports."""
     driver = driver or "gelsy"
     _check_lstsq(a, b, driver)
-    vector = a.ndim == b.ndim + 1
-    a, b = _broadcast_batch(a, b[..., None] if vector else b)
+    vector = _lstsq_vector_case(a, b)
+    b = _lstsq_right_hand_sides(a, b[..., None] if vector else b)
     m, n = a.shape[-2:]
     real = _real_dtype(a)
     if rcond is None:
