@@ -186,6 +186,22 @@ def test_bad_values_of_data_dependent_ops_raise_at_the_call(bad):
     raises_like_cpu(bad)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.masked_select(torch.ones(3, device=d), torch.ones(3, device=d)),
+        lambda d: torch.unique(torch.ones(3, device=d), dim=2),
+        lambda d: torch.unique_consecutive(torch.ones(3, device=d), dim=-3),
+        lambda d: torch.unique(torch.tensor(1.0, device=d), dim=0),
+    ],
+    ids=["masked_select-float-mask", "unique-dim", "unique_consecutive-dim", "unique-dim-of-a-scalar"],
+)
+def test_bad_arguments_of_data_dependent_ops_raise_as_on_the_cpu(bad):
+    """These ops have no meta kernel to check their arguments: their lowerings raise the CPU's errors (a float
+    mask selected, a dimension out of range wrapped round)."""
+    raises_like_cpu(bad)
+
+
 _BLOCKING = """
 import pytest, torch
 x = torch.zeros(3, device="neuron")

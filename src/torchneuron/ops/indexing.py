@@ -344,6 +344,7 @@ def _bin_counts(x, weights, bins):
 
 @lower(aten.masked_select, dynamic_shape=True)
 def masked_select(x, mask):
+    torch._check(mask.dtype == jnp.bool_, lambda: "masked_select: expected BoolTensor for mask")
     torch._C._infer_size(torch.Size(mask.shape), torch.Size(x.shape))  # the CPU's error where they do not broadcast
     return masked_rows(*_flat_broadcast(x, mask))
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims_common import canonicalize_dim
 
 from .indexing import true_positions
 from .reductions import running_sum
@@ -194,7 +195,7 @@ def _check_unique_of_empty(shape, axis):
 
 def _unique(x, dim, return_inverse, return_counts, consecutive):
     empty = jnp.zeros((0,), jnp.int64)
-    axis = None if dim is None else dim % max(x.ndim, 1)
+    axis = None if dim is None else _unique_axis(x.ndim, dim)
     if axis is not None and x.size == 0:
         _check_unique_of_empty(x.shape, axis)
     moved = x.reshape(-1, 1) if axis is None else jnp.moveaxis(x, axis, 0)
@@ -208,6 +209,13 @@ def _unique(x, dim, return_inverse, return_counts, consecutive):
     else:  # the unique slices along another dimension: cut to their number (a program per number)
         values = jnp.moveaxis(rows[:count].reshape((count,) + moved.shape[1:]), 0, axis)
     return values, inverse if return_inverse else empty, Prefix(counts, count) if return_counts else empty
+
+
+def _unique_axis(ndim: int, dim: int) -> int:
+    """`dim` counted from the front, or the CPU's IndexError (unique has no meta kernel to raise it)."""
+    if ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return canonicalize_dim(ndim, dim)
 
 
 @lower(aten._unique2, dynamic_shape=True)
