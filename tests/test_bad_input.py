@@ -356,14 +356,27 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.multinomial(torch.tensor([1.0, 2.0], device=d), 3),
         lambda d: torch.index_select(torch.ones(3, 6, device=d), 1, torch.tensor([0, 1], device=d),
                                      out=torch.empty(1, 6, device=d).expand(2, 6)),
+        lambda d: torch.index_select(torch.ones(3, device=d), 0, torch.zeros(1, 1, dtype=torch.long, device=d)),
+        lambda d: torch.ones(2, device=d).softmax(2),
+        lambda d: torch.tensor(1.0, device=d).log_softmax(1),
+        lambda d: torch.sort(torch.ones(3, device=d), dim=1),
+        lambda d: torch.argsort(torch.ones(3, device=d), dim=-2, stable=True),
+        lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, dtype=torch.float64, device=d)),
+        lambda d: torch.addmm(torch.ones(2, 2, dtype=torch.float64, device=d), torch.ones(2, 2, device=d),
+                              torch.ones(2, 2, device=d)),
+        lambda d: torch.mv(torch.ones(2, 2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
+        # beyond the size the CPU is asked about on zeros: asked on empty tensors of the same dtypes
+        lambda d: F.linear(torch.ones(64, 1024, device=d), torch.ones(1024, 1024, dtype=torch.float64, device=d)),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
-         "index_select-overlapping-out"],
+         "index_select-overlapping-out", "index_select-2d-index", "softmax-dim", "log_softmax-dim-of-a-scalar",
+         "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
-    RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans)."""
+    RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans, a dimension
+    out of range wrapped round, float32 against float64 in a matrix product)."""
     raises_like_cpu(bad)
 
 

@@ -4,7 +4,10 @@ XLA computes in nearly every dtype: it orders complex numbers, multiplies bool m
 of integers. PyTorch's CPU (and CUDA) kernels refuse many such calls, and an answer where PyTorch raises
 is a silent wrong result. Whether the CPU refuses a call is asked of its kernel itself, on zeros, when the
 call's executable is built (once per signature). Only calls with bool, integer or complex inputs are asked
-about (the dtypes whose support differs between kernels).
+about (the dtypes whose support differs between kernels), and matrix products mixing floating dtypes
+(float32 against float64: the meta kernels of these take it, CPU and CUDA kernels refuse it; asked on empty
+tensors where zeros of their sizes would be large). Other CPU kernels refuse mixtures CUDA's take (FSDP2's
+bfloat16 gradients against float32 parameters), so only these are asked.
 
 Code written for accelerators relies on what CUDA's kernels take, so neuron takes it too where CUDA's
 kernel takes more than the CPU's: float8 and complex32 (computed in complex64, as CUDA does) are never
@@ -34,6 +37,8 @@ _CUDA_TAKES_MORE = {
     torch.ops.aten.nansum: lambda dtype: dtype.is_complex,
 }
 _NEVER_ASKED = (*FLOAT8, torch.complex32)
+_MIXED_FLOATS_ASKED = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.mv, torch.ops.aten.addmv,
+                       torch.ops.aten.addbmm}
 _accepted = set()
 
 
@@ -42,16 +47,22 @@ def _dtypes(args, kwargs) -> tuple:
                  if isinstance(v, (torch.Tensor, torch.dtype)))
 
 
+def _tensor_dtypes(args, kwargs) -> list:
+    return [v.dtype for v in tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+
+
 def refusal(func, args, kwargs):
     """The CPU kernel's error if it refuses the dtypes of these (meta) arguments, else None."""
     dtypes = _dtypes(args, kwargs)
     cuda_takes = _CUDA_TAKES_MORE.get(func.overloadpacket)
-    if (func.namespace != "aten" or all(d.is_floating_point for d in dtypes) or any(d in _NEVER_ASKED for d in dtypes)
-            or (cuda_takes is not None and cuda_takes(dtypes[0]))):
+    mixed_floats = (func.overloadpacket in _MIXED_FLOATS_ASKED
+                    and len({d for d in _tensor_dtypes(args, kwargs) if d.is_floating_point}) > 1)
+    if (func.namespace != "aten" or (all(d.is_floating_point for d in dtypes) and not mixed_floats)
+            or any(d in _NEVER_ASKED for d in dtypes) or (cuda_takes is not None and cuda_takes(dtypes[0]))):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the call's own warnings come from its own run
-        error = fallback.cpu_error(func, args, kwargs)
+        error = fallback.cpu_error(func, args, kwargs, empty_when_large=mixed_floats)
     message = str(error)
     return error if error is not None and _DTYPE_REFUSAL.search(message) else None
 

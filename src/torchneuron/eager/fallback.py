@@ -129,15 +129,18 @@ _TAKES_PIVOTS = {torch.ops.aten.linalg_ldl_solve, torch.ops.aten.linalg_lu_solve
                  torch.ops.aten.lu_unpack}
 
 
-def on_cpu_zeros(func, args, kwargs, dtypes=None):
+def on_cpu_zeros(func, args, kwargs, dtypes=None, empty=False):
     """`func` run on the CPU with zeros standing for each tensor argument (its shape, strides and dtype, or
-    the dtype `dtypes` gives for its id): what the CPU kernel says of arguments like these."""
+    the dtype `dtypes` gives for its id): what the CPU kernel says of arguments like these. `empty`: each
+    stands in with its rank and dtype but no elements (what the kernel says of the dtypes alone)."""
     dtypes = dtypes or {}
     pivots = getattr(func, "overloadpacket", None) in _TAKES_PIVOTS
 
     def zeros(value):
         if isinstance(value, torch.Tensor):
             dtype = dtypes.get(id(value), value.dtype)
+            if empty:
+                return torch.empty((0,) * value.dim(), dtype=dtype)
             fill = 1 if pivots and not (dtype.is_floating_point or dtype.is_complex) else 0
             # the view's own extent: a small view of a large storage costs its size, not the storage's
             return torch.full((storage_extent(value.shape, value.stride()),), fill, dtype=dtype).as_strided(
@@ -149,15 +152,17 @@ def on_cpu_zeros(func, args, kwargs, dtypes=None):
     return func(*tree_map(zeros, args), **tree_map(zeros, kwargs))
 
 
-def cpu_error(func, args, kwargs):
+def cpu_error(func, args, kwargs, empty_when_large=False):
     """The exception the CPU kernel raises for these arguments (zeros in place of the tensors), or None when
-    it accepts them, they are too large to try, or the op has no CPU kernel (CUDA's flash attention and
-    SyncBatchNorm kernels, which neuron lowers: the CPU has nothing to say)."""
+    it accepts them, they are too large to try (unless `empty_when_large`: then empty tensors of their ranks
+    and dtypes are tried), or the op has no CPU kernel (CUDA's flash attention and SyncBatchNorm kernels,
+    which neuron lowers: the CPU has nothing to say)."""
     tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    if sum(t.untyped_storage().nbytes() for t in tensors) > _CPU_ERROR_BYTES:
+    large = sum(t.untyped_storage().nbytes() for t in tensors) > _CPU_ERROR_BYTES
+    if large and not empty_when_large:
         return None
     try:
-        on_cpu_zeros(func, args, kwargs)
+        on_cpu_zeros(func, args, kwargs, empty=large)
     except Exception as error:
         return None if _NO_CPU_KERNEL in str(error) else error
     return None

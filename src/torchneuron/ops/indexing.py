@@ -106,7 +106,13 @@ def _along_dim(x, dim, index, message="index out of range in self", negative=Fal
     return tuple(key)
 
 
-@lower(aten.index_select)
+def _check_index_is_a_vector(x, dim, index, **kwargs):
+    """The CPU kernel refuses an index of more than one dimension, which the meta kernel takes."""
+    if index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+
+
+@lower(aten.index_select, meta=checked_meta(_check_index_is_a_vector, aten.index_select.default))
 @_vector_if_scalar
 def index_select(x, dim, index):
     if dim == 1 and x.ndim > 1:  # the CPU kernel's own path for dim 1, and its message
@@ -255,6 +261,7 @@ for _op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, aten.index_f
 
 def _check_out_overlap(*args, out, **kwargs):
     """index_select's CPU kernel refuses an out whose elements overlap before resizing it (its meta resizes)."""
+    _check_index_is_a_vector(*args, **kwargs)
     if torch._debug_has_internal_overlap(out) == 1:  # 1: it does (2: too costly to tell)
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
                            "memory location. Please clone() the tensor before performing the operation.")

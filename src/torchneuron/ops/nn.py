@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import canonicalize_dim
 
 from ..runtime.dtypes import to_torch
 from ..runtime.layout import conv_memory_format
@@ -23,13 +24,18 @@ def _dim(x, dim):
     return dim % max(x.ndim, 1)
 
 
-@lower(aten._softmax)
+def _check_dim(x, dim, *args, **kwargs):
+    """The CPU kernel's IndexError for a dimension out of range, which the meta kernel wraps round."""
+    canonicalize_dim(x.ndim, dim)
+
+
+@lower(aten._softmax, meta=checked_meta(_check_dim, aten._softmax.default))
 def softmax(x, dim, half_to_float=False):
     out = jax.nn.softmax(opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.ones_like(opmath(x))
     return out if half_to_float else out.astype(x.dtype)
 
 
-@lower(aten._log_softmax)
+@lower(aten._log_softmax, meta=checked_meta(_check_dim, aten._log_softmax.default))
 def log_softmax(x, dim, half_to_float=False):
     out = jax.nn.log_softmax(opmath(x), axis=_dim(x, dim)) if x.ndim else jnp.zeros_like(opmath(x))
     return out if half_to_float else out.astype(x.dtype)

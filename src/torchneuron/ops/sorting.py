@@ -15,7 +15,12 @@ from .registry import Prefix, checked_meta, lower
 aten = torch.ops.aten
 
 
-@lower(aten.sort.default, aten.sort.stable)
+def _check_sort_dim(x, *args, stable=None, dim=-1, descending=False):
+    """The CPU kernel's IndexError for a dimension out of range, which the meta kernel wraps round."""
+    canonicalize_dim(x.ndim, args[0] if args else dim)
+
+
+@lower(aten.sort.default, aten.sort.stable, meta=checked_meta(_check_sort_dim, aten.sort))
 def sort(x, *args, stable=False, dim=-1, descending=False):
     if args:  # sort.default(self, dim=-1, descending=False)
         dim, descending = (list(args) + [descending])[:2]
