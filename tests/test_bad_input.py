@@ -118,6 +118,8 @@ VALUE_CHECKS = {
     "cross_entropy-2d": lambda d: F.cross_entropy(_logits(d, 2, 3, 2), torch.full((2, 2), 4, device=d)),
     "nll_loss-1d": lambda d: F.nll_loss(_logits(d, 3), _t(5, d)),
     "multinomial-nan": lambda d: torch.multinomial(_t([0.5, float("nan")], d), 1),
+    "bernoulli-probability-above-1": lambda d: torch.bernoulli(torch.full((2,), 1.5, device=d)),
+    "bernoulli_-negative-probability": lambda d: torch.empty(2, device=d).bernoulli_(torch.full((2,), -0.5, device=d)),
     "multinomial-inf": lambda d: torch.multinomial(_t([0.5, float("inf")], d), 1),
     "multinomial-negative": lambda d: torch.multinomial(_t([0.5, -1.0], d), 1),
     "multinomial-zero-row": lambda d: torch.multinomial(_t([[0.0, 0.0], [1.0, 1.0]], d), 1, True),
@@ -367,11 +369,14 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.mv(torch.ones(2, 2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
         # beyond the size the CPU is asked about on zeros: asked on empty tensors of the same dtypes
         lambda d: F.linear(torch.ones(64, 1024, device=d), torch.ones(1024, 1024, dtype=torch.float64, device=d)),
+        lambda d: torch.randint(5, 3, (2,), device=d),
+        lambda d: torch.empty(2, device=d).random_(0),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
          "index_select-overlapping-out", "index_select-2d-index", "softmax-dim", "log_softmax-dim-of-a-scalar",
-         "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double"],
+         "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
+         "randint-empty-range", "random_-to-0"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

@@ -12,7 +12,7 @@ from ..runtime.tensor import NeuronTensor
 from . import checks
 from .promotion import opmath, scalar_type_name
 from .reductions import running_sum
-from .registry import META, lower, meta_kernel
+from .registry import META, checked_meta, lower, meta_kernel
 
 aten = torch.ops.aten
 
@@ -89,16 +89,35 @@ def bernoulli_p(key, x, p=0.5, *, generator=None):
 @lower(aten.bernoulli.default, aten.bernoulli.Tensor, random=True)
 def bernoulli(key, x, p=None, *, generator=None):
     probability = x if p is None else jnp.broadcast_to(p, x.shape)
+    checks.require((probability >= 0) & (probability <= 1), RuntimeError,
+                   "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be improved?  "
+                   "If so, please report an enhancement request to PyTorch.)")
     return (jax.random.uniform(key, x.shape, jnp.float32) < probability.astype(jnp.float32)).astype(x.dtype)
 
 
-@lower(getattr(aten.random, "from"), random=True)
+def _check_random_range(x, low, high=None, **kwargs):
+    """The CPU kernel's error for an empty range, which the meta kernel takes."""
+    if high is not None and low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+
+
+@lower(getattr(aten.random, "from"), random=True,
+       meta=checked_meta(_check_random_range, getattr(aten.random, "from")))
 def random_from(key, x, low, high=None, *, generator=None):
     high = _random_high(x) if high is None else high
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64).astype(x.dtype)
 
 
-@lower(aten.random.to, random=True)
+def _check_random_to(x, high, **kwargs):
+    _check_random_range(x, 0, high)
+
+
+# x.random_(low, high), as torch.randint calls it, reaches its meta kernel unchanged
+META[getattr(aten.random_, "from")] = checked_meta(_check_random_range, getattr(aten.random_, "from"))
+META[aten.random_.to] = checked_meta(_check_random_to, aten.random_.to)
+
+
+@lower(aten.random.to, random=True, meta=checked_meta(_check_random_to, aten.random.to))
 def random_to(key, x, high, *, generator=None):
     return random_from(key, x, 0, high)
 
