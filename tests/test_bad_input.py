@@ -371,17 +371,22 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: F.linear(torch.ones(64, 1024, device=d), torch.ones(1024, 1024, dtype=torch.float64, device=d)),
         lambda d: torch.randint(5, 3, (2,), device=d),
         lambda d: torch.empty(2, device=d).random_(0),
+        lambda d: torch.ones(3, device=d).as_strided((5,), (1,)),
+        lambda d: torch.ones(3, device=d)[1:].as_strided((3,), (1,)),
+        lambda d: torch.ones(3, device=d).as_strided_((4,), (1,)),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
          "index_select-overlapping-out", "index_select-2d-index", "softmax-dim", "log_softmax-dim-of-a-scalar",
          "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
-         "randint-empty-range", "random_-to-0"],
+         "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
+         "as_strided_-beyond-storage"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
     RuntimeError (clamp without bounds), or accept what it rejects (a float alpha for booleans, a dimension
-    out of range wrapped round, float32 against float64 in a matrix product)."""
+    out of range wrapped round, float32 against float64 in a matrix product, a view beyond its storage: meta
+    storages are not bounds-checked)."""
     raises_like_cpu(bad)
 
 

@@ -1,6 +1,7 @@
 """View ops: a new tensor over the same storage, metadata computed by PyTorch's meta kernels."""
 import torch
 
+from ..ops.shape import check_in_storage
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import check_supported
 from ..runtime.tensor import NeuronTensor, wrap
@@ -30,6 +31,12 @@ def meta_like(t: NeuronTensor) -> torch.Tensor:
     return meta_view(t._spec, t._storage)
 
 
+def _check_in_storage(spec, storage) -> None:
+    """Meta storages are not bounds-checked: as_strided beyond the storage raises the CPU's error here."""
+    shape, stride, offset, dtype = spec
+    check_in_storage(shape, stride, offset, dtype.itemsize, storage.nbytes)
+
+
 def _spec_of(out: torch.Tensor):
     return (tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype)
 
@@ -47,6 +54,7 @@ def view(func, args, kwargs):
         specs = [_spec_of(o) for o in out] if isinstance(out, (list, tuple)) else _spec_of(out)
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
+            _check_in_storage(spec, source._storage)
         _view_cache.put(key, specs)
     return _views_of(func, source, specs)
 
@@ -102,6 +110,7 @@ def inplace_view(func, args, kwargs):
     meta = meta_like(tensor)
     func(meta, *args[1:], **kwargs)
     spec = _spec_of(meta)
+    _check_in_storage(spec, tensor._storage)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
         torch.ops.aten.as_strided_.default(tensor, spec[0], spec[1], spec[2])
     tensor._spec = spec + (tensor._spec[4],)

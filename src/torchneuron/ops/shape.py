@@ -230,16 +230,19 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
 
-def _check_strided_bounds(x, src, size, stride, storage_offset=None):
-    """The view as_strided_scatter writes through must lie inside (a contiguous copy of) self."""
-    offset = storage_offset or 0
-    needed = layout.storage_extent(size, stride, offset)
-    if needed > x.numel():
+def check_in_storage(size, stride, offset: int, itemsize: int, storage_nbytes: int) -> None:
+    """PyTorch's error for a view that reaches beyond its storage's bytes."""
+    needed = layout.storage_extent(size, stride, offset) * itemsize
+    if needed > storage_nbytes:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
-            f"{x.element_size()} requiring a storage size of {needed * x.element_size()} are out of bounds for "
-            f"storage of size {x.numel() * x.element_size()}"
+            f"{itemsize} requiring a storage size of {needed} are out of bounds for storage of size {storage_nbytes}"
         )
+
+
+def _check_strided_bounds(x, src, size, stride, storage_offset=None):
+    """The view as_strided_scatter writes through must lie inside (a contiguous copy of) self."""
+    check_in_storage(size, stride, storage_offset or 0, x.element_size(), x.numel() * x.element_size())
 
 
 @lower(aten.as_strided_scatter, meta=checked_meta(_check_strided_bounds, aten.as_strided_scatter.default))
