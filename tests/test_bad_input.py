@@ -119,6 +119,7 @@ VALUE_CHECKS = {
     "nll_loss-1d": lambda d: F.nll_loss(_logits(d, 3), _t(5, d)),
     "multinomial-nan": lambda d: torch.multinomial(_t([0.5, float("nan")], d), 1),
     "bernoulli-probability-above-1": lambda d: torch.bernoulli(torch.full((2,), 1.5, device=d)),
+    "multilabel_margin-target": lambda d: F.multilabel_margin_loss(torch.ones(1, 3, device=d), _t([[0, -1, 5]], d)),
     "bernoulli_-negative-probability": lambda d: torch.empty(2, device=d).bernoulli_(torch.full((2,), -0.5, device=d)),
     "multinomial-inf": lambda d: torch.multinomial(_t([0.5, float("inf")], d), 1),
     "multinomial-negative": lambda d: torch.multinomial(_t([0.5, -1.0], d), 1),
@@ -374,13 +375,16 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: torch.ones(3, device=d).as_strided((5,), (1,)),
         lambda d: torch.ones(3, device=d)[1:].as_strided((3,), (1,)),
         lambda d: torch.ones(3, device=d).as_strided_((4,), (1,)),
+        lambda d: F.conv_transpose1d(torch.ones(1, 1, 4, device=d), torch.ones(1, 1, 2, device=d), output_padding=2),
+        lambda d: F.conv_transpose3d(torch.ones(1, 1, 4, 4, 4, device=d), torch.ones(1, 1, 2, 2, 2, device=d),
+                                     output_padding=(0, 0, 1)),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
          "index_select-overlapping-out", "index_select-2d-index", "softmax-dim", "log_softmax-dim-of-a-scalar",
          "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
-         "as_strided_-beyond-storage"],
+         "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

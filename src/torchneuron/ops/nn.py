@@ -476,9 +476,24 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
     ):
         if not all(ok(v) for v in values):
             raise RuntimeError(message)
+    if transposed:
+        _check_output_padding(x.ndim - 2, stride, dilation, output_padding)
     out = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
     # PyTorch's meta kernel leaves the memory format to the backend (its backward's follows this rule)
     return out.to(memory_format=conv_memory_format(x, w))
+
+
+def _check_output_padding(n: int, stride, dilation, output_padding) -> None:
+    """A transposed convolution's output padding is below its stride or its dilation, in each dimension."""
+    given = [per_dim(v, n) for v in (output_padding, stride, dilation)]
+    if all(p < max(s, d) for p, s, d in zip(*given)):
+        return
+    if n == 1:  # the CPU checks a 1-d convolution as a 2-d one of height 1
+        given = [(0, *given[0]), (1, *given[1]), (1, *given[2])]
+    names = ("depth", "height", "width")[-len(given[0]):]
+    parts = [f"{kind}_{name}: {value}" for kind, values in zip(("output_padding", "stride", "dilation"), given)
+             for name, value in zip(names, values)]
+    raise RuntimeError("output padding must be smaller than either stride or dilation, but got " + " ".join(parts))
 
 
 @lower(aten.convolution, meta=_convolution_meta)
@@ -815,6 +830,7 @@ def multilabel_margin_loss_forward(x, target, reduction):
     if x.ndim == 0:
         loss, is_target = multilabel_margin_loss_forward(x.reshape(1), target.reshape(1), reduction)
         return loss, is_target.reshape(())
+    checks.require((target >= -1) & (target < x.shape[-1]), RuntimeError, "argument #2 'target' is out of range")
     v = opmath(x)
     valid, labels, is_target = _multilabel_targets(target, v.shape[-1])
     picked = jnp.take_along_axis(v, labels, axis=-1)
