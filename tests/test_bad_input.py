@@ -378,13 +378,19 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: F.conv_transpose1d(torch.ones(1, 1, 4, device=d), torch.ones(1, 1, 2, device=d), output_padding=2),
         lambda d: F.conv_transpose3d(torch.ones(1, 1, 4, 4, 4, device=d), torch.ones(1, 1, 2, 2, 2, device=d),
                                      output_padding=(0, 0, 1)),
+        lambda d: F.scaled_dot_product_attention(*[torch.ones(1, 2, 3, 4, device=d)] * 3,
+                                                 attn_mask=torch.ones(3, 3, dtype=torch.long, device=d)),
+        lambda d: F.scaled_dot_product_attention(torch.ones(1, 2, 3, 4, device=d),
+                                                 torch.ones(1, 2, 3, 4, dtype=torch.bfloat16, device=d),
+                                                 torch.ones(1, 2, 3, 4, device=d)),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
          "index_select-overlapping-out", "index_select-2d-index", "softmax-dim", "log_softmax-dim-of-a-scalar",
          "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
-         "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding"],
+         "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
+         "sdpa-long-mask", "sdpa-mixed-dtypes"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

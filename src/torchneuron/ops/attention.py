@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .promotion import type_meta_name
 from .registry import lower, meta_kernel
 
 aten = torch.ops.aten
@@ -268,12 +269,13 @@ def _check_inputs(query, key, value, attn_mask):
     """validate_sdpa_input's checks, which the math kernel's own ops would report differently."""
     torch._check(
         query.dtype == key.dtype == value.dtype,
-        lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} "
-        f"key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+        lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: "
+        f"{type_meta_name(query.dtype)} key.dtype: {type_meta_name(key.dtype)} and value.dtype: "
+        f"{type_meta_name(value.dtype)} instead.")
     torch._check(
         attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype),
         lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
-        f"{attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
+        f"{type_meta_name(attn_mask.dtype)} and  query.dtype: {type_meta_name(query.dtype)} instead.")
 
 
 def _fused_fits(query, key, value, attn_mask, enable_gqa) -> bool:

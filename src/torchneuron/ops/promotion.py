@@ -71,6 +71,20 @@ def scalar_type_name(dtype) -> str:
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
+# the C++ types' names (caffe2::TypeMeta, as GCC spells them) that messages printing `tensor.dtype()` give
+_TYPE_META_NAMES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+    torch.uint8: "unsigned char", torch.bool: "bool", torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def type_meta_name(dtype) -> str:
+    """A dtype as PyTorch's C++ messages print `tensor.dtype()` ("float", "long int")."""
+    return _TYPE_META_NAMES.get(dtype, str(dtype))
+
+
 def torch_dtype(value) -> torch.dtype:
     return to_torch(value.dtype)
 
