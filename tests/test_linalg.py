@@ -96,6 +96,47 @@ def test_singular_input_raises_linalg_error_at_synchronisation():
         torch.linalg.cholesky(-torch.eye(3, device="neuron")).cpu()
 
 
+def _singular_batch(d):
+    a = torch.eye(3).repeat(3, 1, 1)
+    a[2, 1, 1] = 0
+    return a.to(d)
+
+
+def _indefinite_batch(d):
+    a = torch.eye(3).repeat(2, 3, 1, 1)
+    a[1, 0, 2, 2] = -1
+    return a.to(d)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.linalg.inv(_singular_batch(d)),
+    lambda d: torch.linalg.inv(_singular_batch(d)[2]),
+    lambda d: torch.linalg.solve(_singular_batch(d), torch.ones(3, 3, 1, device=d)),
+    lambda d: torch.linalg.lu_factor(_singular_batch(d)),
+    lambda d: torch.linalg.cholesky(_indefinite_batch(d)),
+    lambda d: torch.linalg.cholesky_ex(_indefinite_batch(d)[1, 0], check_errors=True),
+], ids=["inv", "inv-matrix", "solve", "lu_factor", "cholesky", "cholesky_ex-matrix"])
+def test_linalg_errors_name_the_batch_element_and_lapacks_code_as_the_cpu(call):
+    with pytest.raises(Exception) as on_cpu:
+        call("cpu")
+    with pytest.raises(type(on_cpu.value)) as on_neuron:
+        call("neuron")
+        torch.neuron.synchronize()
+    assert str(on_cpu.value) in str(on_neuron.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_ex_of_a_matrix_that_is_not_positive_definite_gives_lapacks_info_and_factor(upper, dtype):
+    """XLA fills a failed factor with NaNs; LAPACK stops at the first pivot that is not positive, which info
+    names (a zero pivot too), leaving the columns before it factored and the rest as they were."""
+    indefinite = torch.tensor([[4.0, 2, 2], [2, -1, 1], [2, 1, 5]])
+    a = torch.stack([indefinite, torch.eye(3) * 2, indefinite.flip(0, 1), torch.ones(3, 3)]).to(dtype)
+    on_cpu, on_neuron = _on_both(lambda m: torch.linalg.cholesky_ex(m, upper=upper), a)
+    assert on_neuron.info.tolist() == on_cpu.info.tolist() == [2, 0, 2, 2]
+    torch.testing.assert_close(on_neuron.L.cpu(), on_cpu.L)
+
+
 @pytest.mark.parametrize("call", [
     lambda z: torch.linalg.inv_ex(z, check_errors=True),
     lambda z: torch.linalg.solve_ex(z, torch.ones(3, device=z.device), check_errors=True),

@@ -10,6 +10,7 @@ reads each op's conditions at once instead (as CUDA_LAUNCH_BLOCKING=1 does),
 so the error points at the op that failed.
 """
 import contextlib
+import math
 
 import jax.numpy as jnp
 import torch
@@ -22,16 +23,21 @@ _collectors = []
 def require(ok, error_type: type, message: str, culprit=None) -> None:
     """`ok` (a traced boolean array) must hold everywhere, else `error_type(message)` is raised later.
 
-    With `culprit` (an integer array `ok` broadcasts to), `message`'s `{}` becomes its first value where
-    `ok` fails, as the CPU's messages name the bad value.
+    With `culprit` (an integer array `ok` broadcasts to, or a tuple of them), `message`'s `{}` fields
+    become their values where `ok` first fails, as the CPU's messages name the bad value (and the batch
+    element it is in).
     """
     if not _collectors:
         return
     condition = jnp.all(ok)
     if culprit is not None:
-        failed = ~jnp.broadcast_to(ok, culprit.shape).reshape(-1)
-        first = culprit.reshape(-1)[jnp.argmax(failed)] if culprit.size else 0
-        condition = jnp.stack([condition.astype(jnp.int64), jnp.asarray(first, jnp.int64)])
+        culprits = culprit if isinstance(culprit, tuple) else (culprit,)
+        shape = jnp.broadcast_shapes(jnp.shape(ok), *(c.shape for c in culprits))
+        values = [0] * len(culprits)
+        if math.prod(shape):
+            first = jnp.argmax(~jnp.broadcast_to(ok, shape).reshape(-1))
+            values = [jnp.broadcast_to(c, shape).reshape(-1)[first] for c in culprits]
+        condition = jnp.stack([condition.astype(jnp.int64), *(jnp.asarray(v, jnp.int64) for v in values)])
     _collectors[-1].append((condition, error_type, message))
 
 
@@ -71,7 +77,7 @@ def report(conditions) -> None:
 def held(condition):
     """A value of `condition`'s shape and dtype saying the check held: where an inner trace that did not
     run the check (the other branch of a cond) must give one, and a loop starts from."""
-    return jnp.ones((), condition.dtype) if condition.ndim == 0 else jnp.array([1, 0], condition.dtype)
+    return jnp.ones((), condition.dtype) if condition.ndim == 0 else jnp.zeros_like(condition).at[0].set(1)
 
 
 def first_failure(earlier, later):
@@ -84,7 +90,7 @@ def over_all(conditions, batch_ndim: int):
     everywhere, else the first failure."""
     if conditions.ndim == batch_ndim:
         return jnp.all(conditions)
-    rows = conditions.reshape(-1, 2)
+    rows = conditions.reshape(-1, conditions.shape[-1])
     return rows[jnp.argmin(rows[:, 0])]
 
 

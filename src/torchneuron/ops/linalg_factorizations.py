@@ -48,24 +48,28 @@ def _first_index(mask):
 
 # ---------------------------------------------------------------- errors
 
-# PyTorch's messages, less the data-dependent batch index and error code (the check runs on device)
+# PyTorch's messages, in the order it matches them against the API's name: `{1}` is LAPACK's info
 _CHECK_MESSAGES = (
-    ("inv", "The diagonal element is zero, the inversion could not be completed because the input matrix is singular."),
+    ("inv", "The diagonal element {1} is zero, the inversion could not be completed because the input matrix is singular."),
     ("solve", "The solver failed because the input matrix is singular."),
-    ("cholesky", "The factorization could not be completed because the input is not positive-definite."),
-    ("svd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated singular values."),
-    ("eig", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues."),
-    ("lstsq", "The least squares solution could not be computed because the input matrix does not have full rank."),
-    ("lu_factor", "U is singular (a zero on its diagonal) and using it on lu_solve would result in a division by zero."),
+    ("cholesky", "The factorization could not be completed because the input is not positive-definite (the leading minor of order {1} is not positive-definite)."),
+    ("svd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated singular values (error code: {1})."),
+    ("eig", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues (error code: {1})."),
+    ("syevd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues (error code: {1})."),
+    ("lstsq", "The least squares solution could not be computed because the input matrix does not have full rank (error code: {1})."),
+    ("lu_factor", "U[{1},{1}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"),
 )
 
 
 @lower(aten._linalg_check_errors)
 def linalg_check_errors(info, api_name, *, is_matrix):
-    key, message = next(((k, m) for k, m in _CHECK_MESSAGES if k in api_name), (None, "Unknown error code."))
+    key, message = next(((k, m) for k, m in _CHECK_MESSAGES if k in api_name), (None, "Unknown error code: {1}."))
     # lu_factor's check and the internal assert for other codes (ldl_factor's) are RuntimeErrors
     error = torch.linalg.LinAlgError if key not in (None, "lu_factor") else RuntimeError
-    require(info == 0, error, f"{api_name}: {message}")
+    batch = "" if is_matrix else ": (Batch element {0})"
+    # the first failing matrix's place in the (flattened) batch, and its code
+    require(info == 0, error, f"{api_name}{batch}: {message}",
+            culprit=(jnp.arange(info.size).reshape(info.shape), info))
 
 
 def _checked(info, check_errors, api_name, a):
@@ -225,15 +229,52 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
 # ---------------------------------------------------------------- Cholesky
 
 
-def _cholesky_info(factor):
-    """potrf's info (the order of the first leading minor that is not positive-definite), 0 on success."""
-    return _first_index(jnp.isnan(jnp.diagonal(factor, axis1=-2, axis2=-1).real))
+def _potf2(a):
+    """LAPACK's unblocked Cholesky (potf2, the CPU's) as it leaves a matrix that is not positive-definite:
+    the factor's columns before the first pivot that is not positive computed, that pivot's value in its
+    place, the rest of `a`'s lower triangle untouched; and info, that pivot's 1-based order (0: none).
+    XLA's Cholesky fills a failed matrix with NaNs instead, telling neither."""
+    n = a.shape[-1]
+    rows = jnp.arange(n)
+
+    def column(j, carry):
+        factor, info = carry
+        done = rows < j
+        row = jnp.where(done, factor[..., j, :], 0)
+        pivot = a[..., j, j].real - jnp.sum(jnp.abs(row) ** 2, axis=-1)
+        running = info == 0
+        fails = running & ~(pivot > 0)  # NaN fails too
+        root = jnp.sqrt(jnp.where(fails, 1, pivot)).astype(a.dtype)
+        below = (a[..., :, j] - jnp.einsum("...ik,...k->...i", jnp.where(done, factor, 0), row.conj())) / root[..., None]
+        factored = jnp.where(rows > j, below, jnp.where(rows == j, root[..., None], 0))
+        failed = jnp.where(rows == j, pivot.astype(a.dtype)[..., None], factor[..., :, j])
+        new = jnp.where((running & ~fails)[..., None], factored, jnp.where(fails[..., None], failed, factor[..., :, j]))
+        return factor.at[..., :, j].set(new), jnp.where(fails, j + 1, info).astype(jnp.int32)
+
+    factor, info = lax.fori_loop(0, n, column, (a, jnp.zeros(a.shape[:-2], jnp.int32)))
+    return jnp.tril(factor), info
+
+
+def _cholesky(a):
+    """The lower factor and potrf's info (the order of the first leading minor that is not
+    positive-definite, 0 on success), failed matrices left as the CPU leaves them (`_potf2`, run only
+    when a matrix failed)."""
+    factor = lax.linalg.cholesky(a, symmetrize_input=False)
+    if not a.size:
+        return factor, jnp.zeros(a.shape[:-2], jnp.int32)
+    failed = ~(jnp.diagonal(factor, axis1=-2, axis2=-1).real > 0).all(axis=-1)  # NaN, or a zero last pivot
+
+    def redo():
+        partial, info = _potf2(a)
+        return jnp.where(failed[..., None, None], partial, factor), info
+
+    return lax.cond(failed.any(), redo, lambda: (factor, jnp.zeros(a.shape[:-2], jnp.int32)))
 
 
 @lower(aten.linalg_cholesky_ex)
 def cholesky_ex(a, *, upper=False, check_errors=False):
-    lower_factor = lax.linalg.cholesky(a, symmetrize_input=False)
-    info = _checked(_cholesky_info(lower_factor), check_errors, "linalg.cholesky_ex", a)
+    lower_factor, info = _cholesky(a)
+    info = _checked(info, check_errors, "linalg.cholesky_ex", a)
     return (_mH(lower_factor) if upper else lower_factor), info
 
 

@@ -31,6 +31,6 @@ def raise_failures(device_index: int) -> None:
         for condition, (error_type, message) in zip(conditions, errors):
             condition = np.asarray(condition.resolve() if type(condition) is Pending else condition)
             if not bool(condition[0] if condition.ndim else condition):
-                if condition.ndim:  # (ok, the first bad value) of a check whose message names it
-                    message = message.format(int(condition[1]))
+                if condition.ndim:  # (ok, the first bad values) of a check whose message names them
+                    message = message.format(*map(int, condition[1:]))
                 raise error_type(f"{message} (raised by {op} on neuron:{device_index}, reported {when})")
