@@ -148,6 +148,10 @@ VALUE_CHECKS = {
     "embedding-negative": lambda d: F.embedding(_t([-1], d), _logits(d, 3, 2)),
     "one_hot": lambda d: F.one_hot(_t([0, 3], d), 3),
     "one_hot-negative": lambda d: F.one_hot(_t([0, -1], d), 3),
+    "binary_cross_entropy-input": lambda d: F.binary_cross_entropy(_t([0.5, 1.5], d), _t([0.5, 0.5], d)),
+    "binary_cross_entropy-nan-input": lambda d: F.binary_cross_entropy(_t([float("nan")], d), _t([0.5], d)),
+    "binary_cross_entropy-target": lambda d: F.binary_cross_entropy(_t([0.5, 0.5], d), _t([0.5, -0.5], d)),
+    "multi_margin-target": lambda d: F.multi_margin_loss(torch.ones(2, 3, device=d), _t([0, 3], d)),
 }
 
 
@@ -345,6 +349,11 @@ def test_fill_values_the_cpu_accepts_give_its_values():
             torch.testing.assert_close(got, torch.zeros(2, dtype=dtype).fill_(value), equal_nan=True)
 
 
+def _cat_into_its_input(d):
+    x = torch.arange(6.0, device=d)
+    return torch.cat([x[:2], x[2:4]], out=x[:4])
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -383,6 +392,8 @@ def test_fill_values_the_cpu_accepts_give_its_values():
         lambda d: F.scaled_dot_product_attention(torch.ones(1, 2, 3, 4, device=d),
                                                  torch.ones(1, 2, 3, 4, dtype=torch.bfloat16, device=d),
                                                  torch.ones(1, 2, 3, 4, device=d)),
+        lambda d: F.smooth_l1_loss(torch.ones(2, device=d), torch.zeros(2, device=d), beta=-1.0),
+        lambda d: _cat_into_its_input(d),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
@@ -390,7 +401,7 @@ def test_fill_values_the_cpu_accepts_give_its_values():
          "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
          "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
-         "sdpa-long-mask", "sdpa-mixed-dtypes"],
+         "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
@@ -398,6 +409,35 @@ def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad
     out of range wrapped round, float32 against float64 in a matrix product, a view beyond its storage: meta
     storages are not bounds-checked)."""
     raises_like_cpu(bad)
+
+
+def _compiled(bad):
+    """`bad` compiled: neuron's graph, or the CPU's ops run by Dynamo's eager backend."""
+    return lambda d: torch.compile(bad, backend="neuron" if d == "neuron" else "eager")(d)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d: torch.ones(2, device=d).softmax(2),
+        lambda d: torch.sort(torch.ones(3, device=d), dim=1),
+        lambda d: F.smooth_l1_loss(torch.ones(2, device=d), torch.zeros(2, device=d), beta=-1.0),
+        lambda d: F.conv_transpose1d(torch.ones(1, 1, 4, device=d), torch.ones(1, 1, 2, device=d), output_padding=2),
+    ],
+    ids=["softmax-dim", "sort-dim", "smooth_l1-negative-beta", "conv_transpose1d-output-padding"],
+)
+def test_a_compiled_graph_raises_the_cpu_kernels_error_its_meta_kernel_lacks(bad):
+    """Fake tensors run PyTorch's meta kernels, which take these: the graph's nodes run our checks."""
+    raises_like_cpu(_compiled(bad))
+
+
+@pytest.mark.parametrize("correction", [3, 4.5])
+def test_a_variance_with_more_corrections_than_elements_divides_by_zero_as_the_cpu(correction):
+    """The CPU divides by max(0, count - correction): inf, or NaN for 0/0 (a complex input's imaginary part)."""
+    for x in (torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 2.0, 4.0]) + 0j, torch.ones(3, 2)):
+        for reduce in (lambda t: t.var(correction=correction), lambda t: t.std(0, correction=correction),
+                       lambda t: torch.var_mean(t, correction=correction)[0]):
+            torch.testing.assert_close(reduce(x.to("neuron")).cpu(), reduce(x), equal_nan=True)
 
 
 def _complex_pair(d):

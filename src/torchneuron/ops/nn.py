@@ -12,7 +12,7 @@ from torch._prims_common import canonicalize_dim
 from ..runtime.dtypes import to_torch
 from ..runtime.layout import conv_memory_format
 from . import checks
-from .rules import lowering_for, vjp
+from .rules import decomposed, lowering_for, vjp
 from .pooling import per_dim, window_slice
 from .promotion import accumulation_type, cast, elementwise, opmath, scalar_type_name
 from .registry import META, checked_meta, lower, meta_kernel, meta_like_input
@@ -466,8 +466,8 @@ def _xla_conv(x, w, stride, padding, dilation, transposed=False, output_padding=
     )
 
 
-def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """PyTorch's meta kernel, after the argument checks of the CPU kernel that it leaves out."""
+def _check_convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The argument checks of the CPU kernel that PyTorch's meta kernel leaves out."""
     for values, ok, message in (
         (padding, lambda p: p >= 0, "negative padding is not supported"),
         (output_padding, lambda p: p >= 0, "negative output_padding is not supported"),
@@ -478,8 +478,11 @@ def _convolution_meta(x, w, bias, stride, padding, dilation, transposed, output_
             raise RuntimeError(message)
     if transposed:
         _check_output_padding(x.ndim - 2, stride, dilation, output_padding)
+
+
+def _convolution_layout(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's meta kernel, which leaves the memory format to the backend (its backward's follows this rule)."""
     out = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
-    # PyTorch's meta kernel leaves the memory format to the backend (its backward's follows this rule)
     return out.to(memory_format=conv_memory_format(x, w))
 
 
@@ -496,7 +499,7 @@ def _check_output_padding(n: int, stride, dilation, output_padding) -> None:
     raise RuntimeError("output padding must be smaller than either stride or dilation, but got " + " ".join(parts))
 
 
-@lower(aten.convolution, meta=_convolution_meta)
+@lower(aten.convolution, meta=checked_meta(_check_convolution, _convolution_layout))
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
     out = _conv(x, w, per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n), transposed,
@@ -663,6 +666,23 @@ def mse_loss(x, target, reduction=1):
     return _reduce(jnp.square(x - target), reduction)
 
 
+@lower(aten.binary_cross_entropy)
+def binary_cross_entropy(x, target, weight=None, reduction=1):
+    """PyTorch's decomposition, after the CPU's checks of the probabilities (CUDA's kernel asserts them)."""
+    for name, p in (("input", x), ("target", target)):
+        checks.require((p >= 0) & (p <= 1), RuntimeError, f"all elements of {name} should be between 0 and 1")
+    return decomposed(aten.binary_cross_entropy.default)(x, target, weight, reduction)
+
+
+def _check_beta(x, target, reduction=1, beta=1.0, **out):
+    if beta < 0:  # PyTorch's meta kernel takes it (its huber_loss's refuses a non-positive delta)
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+
+
+for _overload in (aten.smooth_l1_loss.default, aten.smooth_l1_loss.out):
+    META[_overload] = checked_meta(_check_beta, _overload)
+
+
 def _reduce(losses, reduction):
     if reduction == 0:
         return losses
@@ -797,6 +817,7 @@ def _hinge(z, p=1):
 def _multi_margin_losses(x, target, p, margin, weight):
     v = opmath(x)
     rows = v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1)
+    checks.require((target >= 0) & (target < rows.shape[1]), RuntimeError, "target out of range")
     labels = target.reshape(-1, 1)
     picked = jnp.take_along_axis(rows, labels, axis=1)
     z = _hinge(margin - picked + rows, p)

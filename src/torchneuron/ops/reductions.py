@@ -158,8 +158,19 @@ def _correction(correction, unbiased):
 
 @lower(aten.var.correction)
 def var(x, dim=None, *, correction=None, keepdim=False):
+    if jnp.iscomplexobj(x):
+        # the CPU's: its parts' variances added
+        return var(x.real, dim, correction=correction, keepdim=keepdim) + var(x.imag, dim, correction=correction,
+                                                                              keepdim=keepdim)
     compute = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
-    return jnp.var(x.astype(compute), axis=_axes(x, dim), ddof=_correction(correction, None), keepdims=keepdim).astype(x.dtype)
+    axes = _axes(x, dim)
+    count = x.size if axes is None else math.prod(x.shape[a] for a in axes)
+    wide = x.astype(compute)
+    centered = wide - jnp.mean(wide, axis=axes, keepdims=True)
+    squares = jnp.sum(centered * centered, axis=axes, keepdims=keepdim)
+    # the CPU divides by max(0, count - correction): more corrections than elements give inf (0/0: NaN),
+    # where jnp.var gives NaN
+    return (squares / jnp.maximum(count - _correction(correction, None), 0)).astype(x.dtype)
 
 
 @lower(aten.var_mean.correction)

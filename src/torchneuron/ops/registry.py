@@ -118,12 +118,14 @@ def flatten(value) -> list:
 
 
 def checked_meta(check, op):
-    """A meta function that first raises the error PyTorch's CPU kernel raises and its meta kernel does not."""
+    """A meta function that first raises the error PyTorch's CPU kernel raises and its meta kernel does not,
+    then runs `op` (the op, whose meta kernel runs, or a meta function of its own)."""
 
     def meta(*args, **kwargs):
         check(*args, **kwargs)
         return op(*args, **kwargs)
 
+    meta.check = check  # for compiled graphs, whose fake tensors ran PyTorch's meta kernel alone
     return meta
 
 

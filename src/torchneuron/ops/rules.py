@@ -34,6 +34,8 @@ class OpRule:
     cpu_forced: bool  # torchneuron.library.force_cpu
     checked_outputs: bool  # a library lowering: its outputs are checked against the fake kernel
     meta: object  # output metadata (and PyTorch's errors for bad input) of `op`
+    # the CPU's errors `op`'s meta kernel lacks (registry.checked_meta), for graphs' nodes, or None
+    check: object
     # a collective's lowering, only for programs mapped over its process group (ops.collectives)
     collective: object = None
 
@@ -69,6 +71,7 @@ def _build(op) -> OpRule:
         cpu_forced=op in registry.CPU_FORCED,
         checked_outputs=op in registry.CHECKED_OUTPUTS or target in registry.CHECKED_OUTPUTS,
         meta=registry.META.get(op, op),
+        check=getattr(registry.META.get(op), "check", None),
         collective=collectives.LOWERINGS.get(op),
     )
 
@@ -206,6 +209,10 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=()):
             lowering = op.lowering if op.lowering is not None else op.collective
             if lowering is None:
                 raise MissingLowering(target)
+            if op.check is not None:
+                # on the node's arguments as the graph was traced (fake values)
+                fake_args, fake_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+                op.check(*fake_args, **fake_kwargs)
             if op.random:
                 args = (jax.random.fold_in(key, index), *args)
             out = lowering(*args, **kwargs)

@@ -151,6 +151,29 @@ def _check_cat_ranks(tensors, dim=0):
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
 
 
+def _overlaps(a, b) -> bool:
+    """PyTorch's get_overlap_status, partial or full: dense views sharing some bytes of one storage (it gives
+    up on other views, which then pass)."""
+    if a is b:
+        return True
+    if not a.numel() or not b.numel() or a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+        return False
+    if not all(layout.is_non_overlapping_and_dense(t.shape, t.stride()) for t in (a, b)):
+        return False
+    (a_begin, a_end), (b_begin, b_end) = [(t.storage_offset(), t.storage_offset() + t.numel()) for t in (a, b)]
+    return a_begin < b_end and b_begin < a_end
+
+
+def _check_cat_out(tensors, dim=0, *, out):
+    _check_cat_ranks(tensors, dim)
+    if any(_overlaps(out, t) for t in tensors):
+        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor refer to "
+                           "a single memory location. Please clone() the tensor before performing the operation.")
+
+
+META[aten.cat.out] = checked_meta(_check_cat_out, aten.cat.out)
+
+
 @lower(aten.cat, meta=checked_meta(_check_cat_ranks, aten.cat.default))
 def cat(tensors, dim=0):
     _, result = dtypes(*tensors)
