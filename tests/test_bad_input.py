@@ -152,6 +152,13 @@ VALUE_CHECKS = {
     "binary_cross_entropy-nan-input": lambda d: F.binary_cross_entropy(_t([float("nan")], d), _t([0.5], d)),
     "binary_cross_entropy-target": lambda d: F.binary_cross_entropy(_t([0.5, 0.5], d), _t([0.5, -0.5], d)),
     "multi_margin-target": lambda d: F.multi_margin_loss(torch.ones(2, 3, device=d), _t([0, 3], d)),
+    "max_unpool2d-index": lambda d: F.max_unpool2d(torch.ones(1, 1, 2, 2, device=d), _t([[[[0, 1], [2, 99]]]], d), 2),
+    "max_unpool3d-negative-index": lambda d: F.max_unpool3d(torch.ones(1, 1, 1, 2, 2, device=d),
+                                                            _t([[[[[0, 1], [2, -1]]]]], d), 2),
+    "embedding_bag-index": lambda d: F.embedding_bag(_t([1, 7], d), _logits(d, 3, 2), _t([0], d)),
+    "embedding_bag-index-max": lambda d: F.embedding_bag(_t([1, 7], d), _logits(d, 3, 2), _t([0], d), mode="max"),
+    "embedding_bag-last-offset": lambda d: F.embedding_bag(_t([1, 2], d), _logits(d, 3, 2), _t([0, 5], d)),
+    "normal-negative-std-tensor": lambda d: torch.normal(torch.zeros(2, device=d), _t([1.0, -1.0], d)),
 }
 
 
@@ -394,6 +401,10 @@ def _cat_into_its_input(d):
                                                  torch.ones(1, 2, 3, 4, device=d)),
         lambda d: F.smooth_l1_loss(torch.ones(2, device=d), torch.zeros(2, device=d), beta=-1.0),
         lambda d: _cat_into_its_input(d),
+        lambda d: F.adaptive_avg_pool2d(torch.ones(1, 1, 0, 2, device=d), 2),
+        lambda d: torch.ops.aten.upsample_bilinear2d(torch.ones(1, 4, 4, device=d), [2, 2], False),
+        lambda d: torch.zeros(2, dtype=torch.int8, device=d).random_(0, 1000),
+        lambda d: torch.randint(0, 300, (2,), dtype=torch.uint8, device=d),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
@@ -401,7 +412,8 @@ def _cat_into_its_input(d):
          "sort-dim", "argsort-dim", "mm-float-double", "addmm-double-bias", "mv-float-double", "linear-large-float-double",
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
          "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
-         "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input"],
+         "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input",
+         "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8", "randint-beyond-uint8"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
@@ -476,6 +488,18 @@ def test_a_compiled_graph_raises_its_refusal_afresh_at_each_call():
             compiled(_complex_pair("neuron"), _complex_pair("neuron"))
         tracebacks.append(len(traceback.extract_tb(caught.value.__traceback__)))
     assert tracebacks[1] == tracebacks[0]
+
+
+def test_index_add_truncates_a_float_alpha_for_integers_as_the_cpu():
+    """PyTorch's meta kernel refuses it; the CPU kernel converts it as C++ does."""
+    for device in ("cpu", "neuron"):
+        x = torch.tensor([1, 2, 3], device=device)
+        results = [x.index_add(0, torch.tensor([0, 2], device=device), torch.tensor([5, 7], device=device), alpha=-1.5),
+                   x.index_add_(0, torch.tensor([1], device=device), torch.tensor([5], device=device), alpha=2.7)]
+        if device == "cpu":
+            expected = results
+    for result, on_cpu in zip(results, expected):
+        assert_same(result, on_cpu)
 
 
 def test_dtypes_the_cpu_kernel_accepts_still_run():

@@ -223,7 +223,19 @@ def _index_reduce(x, dim, index, source, reduce, include_self):
     return _reduce_into(x, _along_dim(x, dim, index), source, reduce, include_self)
 
 
-@lower(aten.index_add, meta=checked_meta(_check_index_add_shapes, aten.index_add))
+def _alpha_dropped(op):
+    """`op`'s meta kernel, not given alpha: PyTorch's refuses a float alpha for integers, which the CPU kernel
+    truncates (alpha does not change the output's metadata)."""
+    def meta(x, dim, index, source, *, alpha=1, **out):
+        return op(x, dim, index, source, **out)
+    return meta
+
+
+for _overload in (aten.index_add.default, aten.index_add.out, aten.index_add_.default):
+    META[_overload] = checked_meta(_check_index_add_shapes, _alpha_dropped(_overload))
+
+
+@lower(aten.index_add)
 @_vector_if_scalar
 def index_add(x, dim, index, source, *, alpha=1):
     source = source if (isinstance(alpha, (int, float)) and alpha == 1) else source * cast(alpha, source.dtype)

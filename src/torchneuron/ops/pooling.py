@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from .rules import vjp
+from . import checks
+from .rules import decomposed, vjp
 from .promotion import opmath
-from .registry import checked_meta, lower, meta_like_input
+from .registry import META, checked_meta, lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -137,6 +138,22 @@ def adaptive_avg_pool(x, output_size):
     values, valid, _ = _windows(opmath(x), starts, sizes)
     counts = functools.reduce(np.multiply.outer, sizes).astype(np.float32)
     return (jnp.sum(jnp.where(valid, values, 0), axis=-1) / counts).astype(x.dtype)
+
+
+def _check_nonempty_windows(n: int):
+    """The CPU's refusal of an empty non-batch dimension, which PyTorch's meta kernel takes (each output
+    would average an empty window)."""
+    def check(x, output_size, **out):
+        empty = next((i for i in range(1, x.ndim) if x.shape[i] == 0), None)
+        if empty is not None:
+            raise RuntimeError(f"adaptive_avg_pool{n}d(): Expected input to have non-zero size for non-batch "
+                               f"dimensions, but input has sizes {list(x.shape)} with dimension {empty} being empty")
+    return check
+
+
+for _n, _packet in ((2, aten._adaptive_avg_pool2d), (3, aten._adaptive_avg_pool3d)):
+    for _overload in (_packet.default, _packet.out):
+        META[_overload] = checked_meta(_check_nonempty_windows(_n), _overload)
 
 
 @lower(aten.adaptive_max_pool2d, aten.adaptive_max_pool3d)
@@ -386,6 +403,31 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 
 
 # --- backwards: the vjp of the forward lowering -----------------------------------------------
+
+
+def _check_upsample_rank(n: int):
+    def check(x, *args, **kwargs):
+        if x.ndim != n + 2:
+            raise RuntimeError(f"It is expected input_size equals to {n + 2}, but got size {x.ndim}")
+    return check
+
+
+# PyTorch's meta kernels of these take a batch or channel dimension less (its decompositions then read
+# the last dimensions as spatial ones)
+for _n, _packet in ((2, aten.upsample_bilinear2d), (3, aten.upsample_trilinear3d)):
+    for _overload in (_packet.default, _packet.out):
+        META[_overload] = checked_meta(_check_upsample_rank(_n), _overload)
+
+
+@lower(aten.max_unpool2d, aten.max_unpool3d)
+def max_unpool(x, indices, output_size, *strides_and_padding):
+    """PyTorch's decomposition, after the CPU's check of the indices (CUDA's kernel asserts them), which the
+    decomposition's scatter would report as another error."""
+    size = "x".join(map(str, output_size))
+    checks.require((indices >= 0) & (indices < math.prod(output_size)), RuntimeError,
+                   f"Found an invalid max index: {{}} (output volumes are of size {size})", culprit=indices)
+    op = aten.max_unpool2d.default if len(output_size) == 2 else aten.max_unpool3d.default
+    return decomposed(op)(x, indices, output_size, *strides_and_padding)
 
 
 def _upsample_backward(op, grad, output_size, input_size, *args):

@@ -10,7 +10,7 @@ from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from ..runtime.dtypes import to_jax
 from ..runtime.tensor import NeuronTensor
 from . import checks
-from .promotion import opmath, scalar_type_name
+from .promotion import opmath, scalar_type_name, type_meta_name
 from .reductions import running_sum
 from .registry import META, checked_meta, lower, meta_kernel
 
@@ -76,6 +76,8 @@ def prims_normal(key, shape, mean, std, *, dtype, device=None, requires_grad=Fal
 
 @lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
 def normal_tensors(key, mean, std=1.0, *, generator=None):
+    if hasattr(std, "dtype"):  # CUDA's kernel reads it too (a float std is the meta kernel's to check)
+        checks.require(std >= 0, RuntimeError, "normal expects all elements of std >= 0.0")
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = _float(mean) if hasattr(mean, "dtype") else _float(std)
     return (mean + jax.random.normal(key, shape, dtype) * std).astype(dtype)
@@ -96,9 +98,17 @@ def bernoulli(key, x, p=None, *, generator=None):
 
 
 def _check_random_range(x, low, high=None, **kwargs):
-    """The CPU kernel's error for an empty range, which the meta kernel takes."""
-    if high is not None and low >= high:
+    """The CPU kernel's errors for an empty range and for bounds the dtype cannot hold, which the meta
+    kernel takes."""
+    if high is None:
+        return
+    if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    info = torch.finfo(x.dtype) if x.dtype.is_floating_point else None if x.dtype == torch.bool else torch.iinfo(x.dtype)
+    lowest, highest = (0, 1) if info is None else (info.min, info.max)
+    for name, bound in (("from", low), ("to - 1", high - 1)):
+        if not lowest <= bound <= highest:
+            raise RuntimeError(f"{name} is out of bounds for {type_meta_name(x.dtype)}")
 
 
 @lower(getattr(aten.random, "from"), random=True,
