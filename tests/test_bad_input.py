@@ -405,6 +405,7 @@ def _cat_into_its_input(d):
         lambda d: torch.ops.aten.upsample_bilinear2d(torch.ones(1, 4, 4, device=d), [2, 2], False),
         lambda d: torch.zeros(2, dtype=torch.int8, device=d).random_(0, 1000),
         lambda d: torch.randint(0, 300, (2,), dtype=torch.uint8, device=d),
+        lambda d: torch.mvlgamma(torch.full((2,), 3.0, device=d), 0),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
@@ -413,7 +414,8 @@ def _cat_into_its_input(d):
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
          "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
          "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input",
-         "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8", "randint-beyond-uint8"],
+         "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8", "randint-beyond-uint8",
+         "mvlgamma-order-0"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
@@ -467,6 +469,7 @@ REFUSED_DTYPES = {
     "unique-complex": lambda d: torch.unique(_complex_pair(d)),
     "mm-bool": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
     "softmax-int": lambda d: torch.arange(4, device=d).softmax(0),
+    "gcd-float": lambda d: torch.gcd(torch.ones(2, device=d), torch.ones(2, device=d)),
     "ceil-bool": lambda d: torch.ones(2, dtype=torch.bool, device=d).ceil(),
     "soft_margin_loss-int": lambda d: F.soft_margin_loss(torch.ones(2, dtype=torch.long, device=d),
                                                          torch.ones(2, dtype=torch.long, device=d)),
@@ -488,6 +491,19 @@ def test_a_compiled_graph_raises_its_refusal_afresh_at_each_call():
             compiled(_complex_pair("neuron"), _complex_pair("neuron"))
         tracebacks.append(len(traceback.extract_tb(caught.value.__traceback__)))
     assert tracebacks[1] == tracebacks[0]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.float16])
+@pytest.mark.parametrize("reduce", [
+    lambda x, out: torch.sum(x, 0, out=out), lambda x, out: torch.sum(x, (), out=out),
+    lambda x, out: torch.prod(x + 1, 0, out=out), lambda x, out: torch.cumsum(x, 0, out=out),
+    lambda x, out: torch.cumprod(x + 1, 0, out=out),
+], ids=["sum", "sum-all", "prod", "cumsum", "cumprod"])
+def test_sums_and_products_accumulate_in_their_out_dtype_as_the_cpu(reduce, out_dtype):
+    """Without `dtype`, the CPU's kernels take the out= tensor's: 0.5 + 0.5 into int64 is 0, not 1."""
+    x = torch.tensor([0.5, 0.5, 0.7])
+    on_cpu = reduce(x, torch.empty(0, dtype=out_dtype))
+    assert_same(reduce(x.to("neuron"), torch.empty(0, dtype=out_dtype, device="neuron")), on_cpu)
 
 
 def test_index_add_truncates_a_float_alpha_for_integers_as_the_cpu():

@@ -4,9 +4,9 @@ XLA computes in nearly every dtype: it orders complex numbers, multiplies bool m
 of integers. PyTorch's CPU (and CUDA) kernels refuse many such calls, and an answer where PyTorch raises
 is a silent wrong result. Whether the CPU refuses a call is asked of its kernel itself, on zeros, when the
 call's executable is built (once per signature). Only calls with bool, integer or complex inputs are asked
-about (the dtypes whose support differs between kernels), and matrix products mixing floating dtypes
+about (the dtypes whose support differs between kernels), matrix products mixing floating dtypes
 (float32 against float64: the meta kernels of these take it, CPU and CUDA kernels refuse it; asked on empty
-tensors where zeros of their sizes would be large). Other CPU kernels refuse mixtures CUDA's take (FSDP2's
+tensors where zeros of their sizes would be large), and the kernels of integers alone (gcd, lcm). Other CPU kernels refuse mixtures CUDA's take (FSDP2's
 bfloat16 gradients against float32 parameters), so only these are asked.
 
 Code written for accelerators relies on what CUDA's kernels take, so neuron takes it too where CUDA's
@@ -39,6 +39,8 @@ _CUDA_TAKES_MORE = {
 _NEVER_ASKED = (*FLOAT8, torch.complex32)
 _MIXED_FLOATS_ASKED = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.mv, torch.ops.aten.addmv,
                        torch.ops.aten.addbmm}
+# kernels of integers alone, asked about floating inputs too
+_INTEGERS_ONLY = {torch.ops.aten.gcd, torch.ops.aten.gcd_, torch.ops.aten.lcm, torch.ops.aten.lcm_}
 _accepted = set()
 
 
@@ -57,7 +59,8 @@ def refusal(func, args, kwargs):
     cuda_takes = _CUDA_TAKES_MORE.get(func.overloadpacket)
     mixed_floats = (func.overloadpacket in _MIXED_FLOATS_ASKED
                     and len({d for d in _tensor_dtypes(args, kwargs) if d.is_floating_point}) > 1)
-    if (func.namespace != "aten" or (all(d.is_floating_point for d in dtypes) and not mixed_floats)
+    floats_asked = mixed_floats or func.overloadpacket in _INTEGERS_ONLY
+    if (func.namespace != "aten" or (all(d.is_floating_point for d in dtypes) and not floats_asked)
             or any(d in _NEVER_ASKED for d in dtypes) or (cuda_takes is not None and cuda_takes(dtypes[0]))):
         return None
     with warnings.catch_warnings():

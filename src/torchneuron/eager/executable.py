@@ -39,6 +39,8 @@ class Compute:
     def __call__(self, func, args, kwargs, generator=None):
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
+        if self.rule.dtype_from_out and kwargs.get("dtype") is None:
+            kwargs = {**kwargs, "dtype": kwargs["out"].dtype}
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
         # (aliasing is part of the program), the default dtype (result dtype of float scalars, int division,
         # factories) and float32 matmul precision; top-level neuron tensors, the common case, are slotted inline

@@ -36,6 +36,8 @@ class OpRule:
     meta: object  # output metadata (and PyTorch's errors for bad input) of `op`
     # the CPU's errors `op`'s meta kernel lacks (registry.checked_meta), for graphs' nodes, or None
     check: object
+    # an out= op that computes in its out tensor's dtype when not given one (the CPU's sums and products)
+    dtype_from_out: bool = False
     # a collective's lowering, only for programs mapped over its process group (ops.collectives)
     collective: object = None
 
@@ -72,8 +74,14 @@ def _build(op) -> OpRule:
         checked_outputs=op in registry.CHECKED_OUTPUTS or target in registry.CHECKED_OUTPUTS,
         meta=registry.META.get(op, op),
         check=getattr(registry.META.get(op), "check", None),
+        dtype_from_out=registry.is_out(op) and op.overloadpacket in _ACCUMULATE_IN_OUT_DTYPE,
         collective=collectives.LOWERINGS.get(op),
     )
+
+
+# their out= overloads accumulate in the out tensor's dtype unless given `dtype` (the structured kernels' meta
+# functions read it from the output)
+_ACCUMULATE_IN_OUT_DTYPE = {torch.ops.aten.sum, torch.ops.aten.prod, torch.ops.aten.cumsum, torch.ops.aten.cumprod}
 
 
 def forget() -> None:

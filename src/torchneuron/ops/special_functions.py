@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from .promotion import INT_TO_FLOAT, elementwise, promote
-from .registry import lower
+from .registry import META, checked_meta, lower
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -426,3 +426,13 @@ def legendre_polynomial_p(x, n):
     value = _recurrence(x, n, x, lambda k, q, p: ((2 * k - 1) * x * q - (k - 1) * p) / k, jnp.abs(x) != 1)
     ends = jnp.where((x > 0) | (n % 2 == 0), 1, -1)
     return jnp.where(jnp.abs(x) == 1, ends, value)
+
+
+def _check_mvlgamma_order(x, p, **out):
+    """The CPU kernel's refusal, which PyTorch's decomposition (and meta kernel) leaves out."""
+    if p < 1:
+        raise RuntimeError("p has to be greater than or equal to 1")
+
+
+for _overload in (aten.mvlgamma.default, aten.mvlgamma.out, aten.mvlgamma_.default):
+    META[_overload] = checked_meta(_check_mvlgamma_order, _overload)
