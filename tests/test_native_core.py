@@ -278,6 +278,30 @@ def test_tensor_resize_and_set_to_a_storage():
         assert_same(v, torch.tensor([[12.0, 13.0], [14.0, 15.0]]))
 
 
+@pytest.mark.parametrize("device", ["neuron", "neuron:1"])
+def test_a_storage_pytorch_allocates_holds_what_tensors_write_to_it(device):
+    """torch.UntypedStorage(n, device=...) is made by the device's allocator, with no tensor: it keeps its
+    bytes as a CPU storage does, while tensors come and go (it crashed the process before)."""
+    import gc
+
+    placed = torch.device("neuron", torch.device(device).index or 0)
+    before = torch.neuron.memory_allocated(placed)
+    storage = torch.UntypedStorage(16, device=device)
+    assert storage.device == placed and storage.nbytes() == 16
+    view = torch.empty(0, device=device).set_(storage, 0, (4,), (1,))
+    assert view.untyped_storage() is storage and view.device == placed
+    view.fill_(3.0)
+    del view
+    gc.collect()
+    assert_same(torch.empty(0, device=device).set_(storage, 0, (4,), (1,)), torch.full((4,), 3.0))
+    storage.resize_(32)
+    storage.copy_(torch.arange(8.0).untyped_storage())
+    assert torch.empty(0).set_(storage.cpu(), 0, (8,), (1,)).tolist() == list(range(8))
+    del storage
+    gc.collect()
+    assert torch.neuron.memory_allocated(placed) == before
+
+
 def test_streams_and_events():
     s = torch.neuron.Stream()
     assert isinstance(s, torch.Stream) and s.device == torch.device("neuron", 0)

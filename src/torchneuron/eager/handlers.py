@@ -241,7 +241,7 @@ def set_storage(func, args, kwargs):
     tensor, untyped = args[:2]
     if untyped.device.type != "neuron":
         raise RuntimeError(f"Expected a storage on device neuron, but got one on {untyped.device}")
-    target = storage.of_native(untyped._cdata)
+    target = storage.of_handle(untyped)
     if func is aten.set_.source_Storage:
         view = ((untyped.nbytes() // tensor.dtype.itemsize,), (1,), 0, tensor.dtype)
     else:

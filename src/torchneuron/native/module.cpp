@@ -79,6 +79,7 @@ void install(const py::object& device_count_fn, const py::object& synchronize_fn
   c.ready = keep(ready_fn);
   c.resize = keep(resize_fn);
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
+  register_allocator();
   installed = true;
 }
 
@@ -115,6 +116,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("next_seed_offset", &next_seed_offset, py::arg("generator"), py::arg("increment") = 1);
   m.def("new_storage", &new_storage);
   m.def("set_storage_nbytes", &set_storage_nbytes);
+  m.def("allocated_by_pytorch", &allocated_by_pytorch);
   // torch.profiler(profile_memory=True) hears of allocations only from C++ allocators; neuron buffers are
   // held in Python, which reports each allocation (bytes > 0) and free (bytes < 0) here while a profile runs
   m.def("report_memory", [](int64_t address, int64_t bytes, int64_t allocated, c10::DeviceIndex index) {

@@ -32,6 +32,9 @@ std::pair<uint64_t, uint64_t> next_seed_offset(const at::Generator& generator, u
 // storage.cpp: storages whose data pointers are addresses no host memory uses, encoding the device
 c10::Storage new_storage(size_t nbytes, c10::DeviceIndex index);
 c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index);
+// the device's allocator, for storages PyTorch allocates itself, which then have no Python Storage
+void register_allocator();
+bool allocated_by_pytorch(const c10::Storage& storage);
 c10::DeviceIndex device_of_pointer(const void* pointer);
 void resize_storage(const c10::Storage& storage, size_t nbytes);
 void set_storage_nbytes(const c10::Storage& storage, size_t nbytes);

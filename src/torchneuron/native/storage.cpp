@@ -29,10 +29,24 @@ constexpr uintptr_t kAlignment = 512;
 std::atomic<uintptr_t> next_address{0};
 
 void no_delete(void*) {}
+// a storage PyTorch allocates itself (torch.UntypedStorage(n, device="neuron")) has no Python Storage yet;
+// its data pointer's deleter, another no-op, says so
+void allocated_by_pytorch_delete(void*) {}
+
+c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index, c10::DeleterFnPtr deleter) {
+  c10::Device device(kNeuron, index);
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, nullptr, deleter, device);
+  }
+  auto rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  auto offset = next_address.fetch_add(rounded);
+  auto* address = reinterpret_cast<void*>(kBase | (uintptr_t(index) << kDeviceShift) | offset);
+  return c10::DataPtr(address, nullptr, deleter, device);
+}
 
 struct NeuronAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
-    return virtual_data_ptr(nbytes, current_device());
+    return virtual_data_ptr(nbytes, current_device(), &allocated_by_pytorch_delete);
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return &no_delete;
@@ -86,14 +100,15 @@ bool is_pinned_pointer(const void* pointer) {
 }
 
 c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index) {
-  c10::Device device(kNeuron, index);
-  if (nbytes == 0) {
-    return c10::DataPtr(nullptr, nullptr, &no_delete, device);
-  }
-  auto rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  auto offset = next_address.fetch_add(rounded);
-  auto* address = reinterpret_cast<void*>(kBase | (uintptr_t(index) << kDeviceShift) | offset);
-  return c10::DataPtr(address, nullptr, &no_delete, device);
+  return virtual_data_ptr(nbytes, index, &no_delete);
+}
+
+void register_allocator() {
+  c10::SetAllocator(kNeuron, &allocator);
+}
+
+bool allocated_by_pytorch(const c10::Storage& storage) {
+  return storage.data_ptr().get_deleter() == &allocated_by_pytorch_delete;
 }
 
 c10::DeviceIndex device_of_pointer(const void* pointer) {

@@ -9,6 +9,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from ..native import _C as native
 from . import events
@@ -61,7 +62,7 @@ class Storage:
 
     __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "handle", "__weakref__")
 
-    def __init__(self, numel: int, dtype, device_index: int, buffer=None):
+    def __init__(self, numel: int, dtype, device_index: int, buffer=None, handle=None):
         self.numel = numel
         self.dtype = dtype  # torch dtype of the elements
         self.device_index = device_index
@@ -69,7 +70,7 @@ class Storage:
         self._buffer = buffer  # None: allocated but never written (reads as zeros); or Pending
         self.account = accounts[device_index]
         self.account.allocate(nbytes)
-        self.handle = handle = native.new_storage(nbytes, device_index)
+        self.handle = handle = native.new_storage(nbytes, device_index) if handle is None else handle
         _by_native[handle._cdata] = weakref.ref(self)
         if events.listening:
             events.alloc(self)
@@ -130,6 +131,16 @@ def of_native(native_address: int) -> Storage:
     if storage is None:
         raise RuntimeError("neuron: this storage's tensors have all been freed, and its device buffer with them")
     return storage
+
+
+def of_handle(untyped) -> Storage:
+    """The Storage of a neuron torch.UntypedStorage. One PyTorch allocated itself (`torch.UntypedStorage(n,
+    device="neuron")`) gets one now: its bytes, zero, kept alive by the storage object as a CPU storage
+    keeps its memory (and by the tensors viewing it)."""
+    ref = _by_native.get(untyped._cdata)
+    if (ref is None or ref() is None) and native.allocated_by_pytorch(untyped):
+        untyped._neuron_storage = Storage(untyped.nbytes(), torch.uint8, untyped.device.index, handle=untyped)
+    return of_native(untyped._cdata)
 
 
 def resize_native(native_address: int, nbytes: int) -> None:
