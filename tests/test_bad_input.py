@@ -437,12 +437,34 @@ def _compiled(bad):
         lambda d: torch.sort(torch.ones(3, device=d), dim=1),
         lambda d: F.smooth_l1_loss(torch.ones(2, device=d), torch.zeros(2, device=d), beta=-1.0),
         lambda d: F.conv_transpose1d(torch.ones(1, 1, 4, device=d), torch.ones(1, 1, 2, device=d), output_padding=2),
+        lambda d: torch.ones(2, device=d).uniform_(2, 1),
+        lambda d: torch.empty(0, 3, device=d).max(0),
+        lambda d: torch.empty(0, device=d).min(),
+        lambda d: torch.empty(0, 3, device=d).mode(0),
     ],
-    ids=["softmax-dim", "sort-dim", "smooth_l1-negative-beta", "conv_transpose1d-output-padding"],
+    ids=["softmax-dim", "sort-dim", "smooth_l1-negative-beta", "conv_transpose1d-output-padding", "uniform_-bounds",
+         "max-over-nothing", "min-of-nothing", "mode-over-nothing"],
 )
 def test_a_compiled_graph_raises_the_cpu_kernels_error_its_meta_kernel_lacks(bad):
-    """Fake tensors run PyTorch's meta kernels, which take these: the graph's nodes run our checks."""
+    """Fake tensors run PyTorch's meta kernels, which take these: the graph's nodes run our checks, and a
+    lowering that fails (a JAX error) raises the CPU kernel's error for the node's arguments."""
     raises_like_cpu(_compiled(bad))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("case", [
+    lambda d: torch.median(torch.empty(0, device=d)),
+    lambda d: torch.nanmedian(torch.empty(0, dtype=torch.float16, device=d)),
+    lambda d: torch.median(torch.empty(0, dtype=torch.int64, device=d)),
+    lambda d: torch.median(torch.empty(0, dtype=torch.int16, device=d)),
+    lambda d: F.adaptive_avg_pool2d(torch.ones(1, 1, 4, 4, device=d), (0, 2)),
+    lambda d: F.adaptive_max_pool2d(torch.ones(1, 1, 4, 4, device=d), (2, 0)),
+], ids=["median-float", "nanmedian-half", "median-int64", "median-int16", "adaptive_avg_pool-to-nothing",
+        "adaptive_max_pool-to-nothing"])
+def test_reductions_of_nothing_give_the_cpus_values(case, compiled):
+    """The median of no elements is NaN (as the CPU converts it for integers); pooling to no windows is empty."""
+    run = _compiled(case) if compiled else case
+    assert_same(run("neuron"), case("cpu"), equal_nan=True)
 
 
 @pytest.mark.parametrize("correction", [3, 4.5])

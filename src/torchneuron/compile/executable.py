@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 from torch.utils import _pytree as pytree
 
-from ..eager import adaptive, cpu_dtypes, math_bits, transfers, views
+from ..eager import adaptive, cpu_dtypes, fallback, math_bits, transfers, views
 from ..ops import checks, collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import events, pending_checks, rng, sync
@@ -293,6 +293,20 @@ def _cpu_dtype_refusal(gm):
     return None
 
 
+def _cpu_error_of(node, failure):
+    """The CPU kernel's error for a node whose lowering failed (input PyTorch refuses, which its meta kernel
+    took: a reduction over an empty dimension), asked on zeros of its traced arguments as eager asks; None
+    for symbolic sizes, a failure the CPU is not asked about, or when the CPU accepts them (the lowering's
+    own error stands)."""
+    if fallback.is_final(rules.rule(node.target), failure):
+        return None
+    with unset_fake_temporarily():
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        if any(_symbolic(leaf) for leaf in pytree.tree_leaves((args, kwargs))):
+            return None
+        return fallback.cpu_error(node.target, args, kwargs)
+
+
 def _symbolic(value) -> bool:
     """A symbolic number, or a tensor whose sizes or strides are symbolic."""
     if isinstance(value, torch.Tensor):
@@ -418,7 +432,7 @@ class _Program:
             with checked() as conditions:
                 outputs, finals, bases = run_graph_with_inputs(graph.graph_module(), inputs,
                                                                rng.key_from(extras[0]) if extras else None,
-                                                               graph.hidden_bases)
+                                                               graph.hidden_bases, _cpu_error_of)
             check_errors[:] = [(error, message) for _, error, message in conditions]
             arrays = []
             for j, (value, source) in enumerate(zip(pytree.tree_leaves(outputs) + bases, sources)):

@@ -16,7 +16,7 @@ import torch
 from ..ops import checks, registry, rules
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
-from ..runtime.dtypes import UnsupportedDtype, convert_to
+from ..runtime.dtypes import convert_to
 from ..runtime.program import StorageProgram, fast_call, float32_matmul_precision, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
@@ -186,7 +186,7 @@ class Executable:
         self.fresh_specs = fresh_specs = [_meta_spec(m) for m in fresh]
         self.random = op.random
         self.op = op.func
-        self.checked_outputs = rule.checked_outputs
+        self.rule = rule
         # the device-side checks the lowering asks for (ops.checks): found when the program is traced, below
         self.check_errors = check_errors = []
         lowering, drop, n_scalars, n_fresh = rule.lowering, op.drop_kwargs, len(scalars), len(fresh)
@@ -257,9 +257,7 @@ class Executable:
         return results
 
     def _is_final(self, exc) -> bool:
-        """A failure the CPU must not be tried for: a library lowering's is its author's to see, and an
-        unsupported dtype has no CPU kernel either."""
-        return self.checked_outputs or isinstance(exc, UnsupportedDtype)
+        return fallback.is_final(self.rule, exc)
 
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""

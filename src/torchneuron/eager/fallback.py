@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_map
 
 from ..ops.registry import flatten, written_arguments
 from ..runtime import events
+from ..runtime.dtypes import UnsupportedDtype
 from ..runtime.layout import storage_extent
 from ..runtime.tensor import NeuronTensor
 
@@ -150,6 +151,12 @@ def on_cpu_zeros(func, args, kwargs, dtypes=None, empty=False):
         return value
 
     return func(*tree_map(zeros, args), **tree_map(zeros, kwargs))
+
+
+def is_final(rule, failure) -> bool:
+    """A lowering's failure the CPU must not be tried for: a library lowering's is its author's to see, and an
+    unsupported dtype has no CPU kernel either."""
+    return rule.checked_outputs or isinstance(failure, UnsupportedDtype)
 
 
 def cpu_error(func, args, kwargs, empty_when_large=False):

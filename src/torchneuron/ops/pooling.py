@@ -121,8 +121,8 @@ def _window_max(x, starts, sizes):
 
 def _adaptive_windows(length, out):
     """PyTorch's adaptive pooling windows: [floor(i * length / out), ceil((i + 1) * length / out))."""
-    starts = np.array([i * length // out for i in range(out)])
-    ends = np.array([-(-(i + 1) * length // out) for i in range(out)])
+    starts = np.array([i * length // out for i in range(out)], np.int64)  # typed: no windows (out 0) too
+    ends = np.array([-(-(i + 1) * length // out) for i in range(out)], np.int64)
     return starts, ends - starts
 
 

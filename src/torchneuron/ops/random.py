@@ -21,21 +21,22 @@ def _float(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-def _checked(op, condition, message):
-    """Output metadata that first raises PyTorch's error for bad bounds, which its meta kernels do not check:
-    the bounds must then be static scalars, or later calls would reuse a program built without the check."""
-    def meta(x, *args, **kwargs):
-        torch._check(condition(*args, **kwargs), lambda: message(*args, **kwargs))
-        return op(x, *args, **kwargs)
-    return meta
+def _check_uniform_bounds(x, low=0.0, high=1.0, **kwargs):
+    """PyTorch's error for bad bounds, which its meta kernels do not check (the bounds are then static scalars,
+    or later calls would reuse a program built without the check)."""
+    # numbers as C++ prints doubles (a graph's are floats: 2.0 prints 2)
+    torch._check(low <= high, lambda: f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
 
 
-META[aten.uniform_.default] = _checked(
-    aten.uniform_.default, lambda low=0.0, high=1.0, **_: low <= high,
-    lambda low=0.0, high=1.0, **_: f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
-META[aten.exponential_.default] = _checked(
-    aten.exponential_.default, lambda lambd=1.0, **_: lambd > 0,
-    lambda lambd=1.0, **_: f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+def _check_exponential_rate(x, lambd=1.0, **kwargs):
+    torch._check(lambd > 0, lambda: f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
+
+
+# the in-place ops eager runs, and the functional ones compiled graphs hold
+for _check, _ops in ((_check_uniform_bounds, (aten.uniform_.default, aten.uniform.default)),
+                     (_check_exponential_rate, (aten.exponential_.default, aten.exponential.default))):
+    for _op in _ops:
+        META[_op] = checked_meta(_check, _op)
 
 
 def _drawn(key, shape, dtype, draw):

@@ -191,9 +191,10 @@ def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
     return run_graph_with_inputs(gm, inputs, key)[0]
 
 
-def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=()):
+def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=(), on_failure=None):
     """The graph's outputs, the final value of each input (inputs the graph mutates change), and the values of
-    the nodes named in `also`."""
+    the nodes named in `also`. A node whose lowering raises raises `on_failure(node, failure)` instead, if that
+    gives an exception."""
     env = {}
     feed = iter(inputs)
     placeholders = []
@@ -223,7 +224,13 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=()):
                 op.check(*fake_args, **fake_kwargs)
             if op.random:
                 args = (jax.random.fold_in(key, index), *args)
-            out = lowering(*args, **kwargs)
+            try:
+                out = lowering(*args, **kwargs)
+            except Exception as failure:
+                error = on_failure and on_failure(node, failure)
+                if error is None:
+                    raise
+                raise error from None
             meta = node.meta.get("val")
             registry.check_outputs(target, out, meta)
             if isinstance(out, (tuple, list)) and isinstance(meta, (tuple, list)):

@@ -8,6 +8,7 @@ import math
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from ..runtime import layout
 from ..runtime.dtypes import to_torch
@@ -158,7 +159,7 @@ def _overlaps(a, b) -> bool:
         return True
     if not a.numel() or not b.numel() or a.untyped_storage()._cdata != b.untyped_storage()._cdata:
         return False
-    if not all(layout.is_non_overlapping_and_dense(t.shape, t.stride()) for t in (a, b)):
+    if not all(map(is_non_overlapping_and_dense_or_false, (a, b))):
         return False
     (a_begin, a_end), (b_begin, b_end) = [(t.storage_offset(), t.storage_offset() + t.numel()) for t in (a, b)]
     return a_begin < b_end and b_begin < a_end

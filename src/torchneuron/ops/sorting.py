@@ -111,14 +111,22 @@ def nanmedian_dim(x, dim, keepdim=False):
     return _pick(x, dim, keepdim, (count - 1) // 2, (x.shape[axis] - 1) // 2 + 1)
 
 
+def _median_of_nothing(dtype):
+    """The CPU's median of no elements: NaN, converted as x86 converts it for integers (the lowest 32- and
+    64-bit integer; narrower ones keep the low bits of the 32-bit one, 0)."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.array(jnp.nan, dtype)
+    return jnp.array(jnp.iinfo(dtype).min if dtype in (jnp.int32, jnp.int64) else 0, dtype)
+
+
 @lower(aten.median.default)
 def median(x):
-    return median_dim(x.reshape(-1), 0)[0]
+    return median_dim(x.reshape(-1), 0)[0] if x.size else _median_of_nothing(x.dtype)
 
 
 @lower(aten.nanmedian.default)
 def nanmedian(x):
-    return nanmedian_dim(x.reshape(-1), 0)[0]
+    return nanmedian_dim(x.reshape(-1), 0)[0] if x.size else _median_of_nothing(x.dtype)
 
 
 @lower(aten.mode)

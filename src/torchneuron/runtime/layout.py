@@ -26,18 +26,8 @@ def contiguous_strides(shape) -> tuple:
 
 
 def is_contiguous(shape, stride) -> bool:
-    return _dense_in_order(zip(reversed(shape), reversed(stride)))
-
-
-def is_non_overlapping_and_dense(shape, stride) -> bool:
-    """Contiguous in some order of its dimensions (PyTorch's is_non_overlapping_and_dense)."""
-    return _dense_in_order(sorted(zip(shape, stride), key=lambda dim: dim[1]))
-
-
-def _dense_in_order(dims) -> bool:
-    """Each (size, stride) steps over all the ones before it, innermost first."""
     expected = 1
-    for size, st in dims:
+    for size, st in zip(reversed(shape), reversed(stride)):
         if size == 1:
             continue
         if st != expected:
