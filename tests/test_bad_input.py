@@ -406,6 +406,7 @@ def _cat_into_its_input(d):
         lambda d: torch.zeros(2, dtype=torch.int8, device=d).random_(0, 1000),
         lambda d: torch.randint(0, 300, (2,), dtype=torch.uint8, device=d),
         lambda d: torch.mvlgamma(torch.full((2,), 3.0, device=d), 0),
+        lambda d: F.interpolate(torch.ones(1, 0, 2, 2, device=d), size=4, mode="bilinear"),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
@@ -415,7 +416,7 @@ def _cat_into_its_input(d):
          "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
          "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input",
          "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8", "randint-beyond-uint8",
-         "mvlgamma-order-0"],
+         "mvlgamma-order-0", "interpolate-no-channels"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises
@@ -526,6 +527,13 @@ def test_sums_and_products_accumulate_in_their_out_dtype_as_the_cpu(reduce, out_
     x = torch.tensor([0.5, 0.5, 0.7])
     on_cpu = reduce(x, torch.empty(0, dtype=out_dtype))
     assert_same(reduce(x.to("neuron"), torch.empty(0, dtype=out_dtype, device="neuron")), on_cpu)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear"])
+def test_upsampling_an_empty_batch_gives_an_empty_result_as_the_cpu(mode):
+    """PyTorch's meta kernels of nearest upsampling fail on it (a torch._check given an int)."""
+    upsample = lambda x: F.interpolate(x, size=(4, 4), mode=mode)  # noqa: E731
+    assert_same(upsample(torch.ones(0, 3, 2, 2, device="neuron")), upsample(torch.ones(0, 3, 2, 2)))
 
 
 def test_index_add_truncates_a_float_alpha_for_integers_as_the_cpu():

@@ -405,20 +405,6 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 # --- backwards: the vjp of the forward lowering -----------------------------------------------
 
 
-def _check_upsample_rank(n: int):
-    def check(x, *args, **kwargs):
-        if x.ndim != n + 2:
-            raise RuntimeError(f"It is expected input_size equals to {n + 2}, but got size {x.ndim}")
-    return check
-
-
-# PyTorch's meta kernels of these take a batch or channel dimension less (its decompositions then read
-# the last dimensions as spatial ones)
-for _n, _packet in ((2, aten.upsample_bilinear2d), (3, aten.upsample_trilinear3d)):
-    for _overload in (_packet.default, _packet.out):
-        META[_overload] = checked_meta(_check_upsample_rank(_n), _overload)
-
-
 @lower(aten.max_unpool2d, aten.max_unpool3d)
 def max_unpool(x, indices, output_size, *strides_and_padding):
     """PyTorch's decomposition, after the CPU's check of the indices (CUDA's kernel asserts them), which the
@@ -449,6 +435,41 @@ for _backward, _forward in [
     (aten._upsample_bicubic2d_aa_backward, aten._upsample_bicubic2d_aa.default),
 ]:
     lower(_backward, static_scalars=True)(functools.partial(_upsample_backward, _forward))
+
+
+def _check_upsample(n: int):
+    """The CPU kernel's checks of an upsampling's input, which PyTorch's meta kernels leave out (their
+    decompositions then read a batch or channel dimension as a spatial one, or sample nothing)."""
+    def check(x, output_size, *args, **kwargs):
+        if x.ndim != n + 2:
+            raise RuntimeError(f"It is expected input_size equals to {n + 2}, but got size {x.ndim}")
+        given, wanted = list(x.shape[2:]), list(output_size)
+        if not all(size > 0 for size in given + wanted):
+            sizes = [", ".join(f"{name}: {size}" for name, size in zip("DHW"[-n:], part)) for part in (given, wanted)]
+            joined = " and output" if n == 1 else " output"
+            raise RuntimeError(f"Input and output sizes should be greater than 0, but got input ({sizes[0]}){joined} "
+                               f"({sizes[1]})")
+        if x.shape[1] == 0:
+            raise RuntimeError(f"Non-empty {n + 2}D data tensor expected but got a tensor with sizes {list(x.shape)}")
+    return check
+
+
+def _upsampled(op):
+    """PyTorch's meta kernel, except for an empty batch, which its nearest kernels fail on (their torch._check
+    is given an int): an empty output of the requested size, as the CPU gives."""
+    def meta(x, output_size, *args, **kwargs):
+        if x.shape[0] == 0:
+            return x.new_empty((*x.shape[:2], *output_size))
+        return op(x, output_size, *args, **kwargs)
+    return meta
+
+
+for _n, _ops in ((1, (aten.upsample_nearest1d, aten._upsample_nearest_exact1d, aten.upsample_linear1d)),
+                 (2, (aten.upsample_nearest2d, aten._upsample_nearest_exact2d, aten.upsample_bilinear2d,
+                      aten.upsample_bicubic2d, aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)),
+                 (3, (aten.upsample_nearest3d, aten._upsample_nearest_exact3d, aten.upsample_trilinear3d))):
+    for _packet in _ops:
+        META[_packet.default] = checked_meta(_check_upsample(_n), _upsampled(_packet.default))
 
 
 def _input_backward(op, grad, x, *args):
