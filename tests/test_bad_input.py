@@ -415,7 +415,8 @@ def _cat_into_its_input(d):
          "randint-empty-range", "random_-to-0", "as_strided-beyond-storage", "as_strided-of-a-slice-beyond-storage",
          "as_strided_-beyond-storage", "conv_transpose1d-output-padding", "conv_transpose3d-output-padding",
          "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input",
-         "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8", "randint-beyond-uint8",
+         "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8",
+         "randint-beyond-uint8",
          "mvlgamma-order-0", "interpolate-no-channels"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):

@@ -125,6 +125,21 @@ def test_linalg_errors_name_the_batch_element_and_lapacks_code_as_the_cpu(call):
     assert str(on_cpu.value) in str(on_neuron.value)
 
 
+@pytest.mark.parametrize("api", ["linalg.inv", "torch.linalg.solve", "linalg.cholesky", "linalg.svd", "linalg.eigh",
+                                 "torch.linalg.syevd", "torch.linalg.lstsq", "torch.linalg.lu_factor"])
+@pytest.mark.parametrize("info", [[3], [0, 0, 5]], ids=["matrix", "batch"])
+def test_linalg_check_errors_words_every_code_as_the_cpu(api, info):
+    is_matrix = len(info) == 1
+    with pytest.raises(Exception) as on_cpu:
+        torch._linalg_check_errors(torch.tensor(info, dtype=torch.int32).reshape(-1 if not is_matrix else ()), api,
+                                   is_matrix=is_matrix)
+    with pytest.raises(type(on_cpu.value)) as on_neuron:
+        torch._linalg_check_errors(torch.tensor(info, dtype=torch.int32, device="neuron").reshape(
+            -1 if not is_matrix else ()), api, is_matrix=is_matrix)
+        torch.neuron.synchronize()
+    assert str(on_cpu.value) in str(on_neuron.value)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
 @pytest.mark.parametrize("upper", [False, True])
 def test_cholesky_ex_of_a_matrix_that_is_not_positive_definite_gives_lapacks_info_and_factor(upper, dtype):

@@ -6,8 +6,9 @@ is a silent wrong result. Whether the CPU refuses a call is asked of its kernel 
 call's executable is built (once per signature). Only calls with bool, integer or complex inputs are asked
 about (the dtypes whose support differs between kernels), matrix products mixing floating dtypes
 (float32 against float64: the meta kernels of these take it, CPU and CUDA kernels refuse it; asked on empty
-tensors where zeros of their sizes would be large), and the kernels of integers alone (gcd, lcm). Other CPU kernels refuse mixtures CUDA's take (FSDP2's
-bfloat16 gradients against float32 parameters), so only these are asked.
+tensors where zeros of their sizes would be large), and the kernels of integers alone (gcd, lcm). Other CPU
+kernels refuse mixtures CUDA's take (FSDP2's bfloat16 gradients against float32 parameters), so only these
+are asked.
 
 Code written for accelerators relies on what CUDA's kernels take, so neuron takes it too where CUDA's
 kernel takes more than the CPU's: float8 and complex32 (computed in complex64, as CUDA does) are never

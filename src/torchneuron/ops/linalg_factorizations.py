@@ -49,15 +49,22 @@ def _first_index(mask):
 # ---------------------------------------------------------------- errors
 
 # PyTorch's messages, in the order it matches them against the API's name: `{1}` is LAPACK's info
+_NOT_CONVERGED = ("The algorithm failed to converge because the input matrix is ill-conditioned or has too many "
+                  "repeated {} (error code: {{1}}).")
 _CHECK_MESSAGES = (
-    ("inv", "The diagonal element {1} is zero, the inversion could not be completed because the input matrix is singular."),
+    ("inv", "The diagonal element {1} is zero, the inversion could not be completed because the input matrix is "
+            "singular."),
     ("solve", "The solver failed because the input matrix is singular."),
-    ("cholesky", "The factorization could not be completed because the input is not positive-definite (the leading minor of order {1} is not positive-definite)."),
-    ("svd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated singular values (error code: {1})."),
-    ("eig", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues (error code: {1})."),
-    ("syevd", "The algorithm failed to converge because the input matrix is ill-conditioned or has too many repeated eigenvalues (error code: {1})."),
-    ("lstsq", "The least squares solution could not be computed because the input matrix does not have full rank (error code: {1})."),
-    ("lu_factor", "U[{1},{1}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"),
+    ("cholesky", "The factorization could not be completed because the input is not positive-definite (the "
+                 "leading minor of order {1} is not positive-definite)."),
+    ("svd", _NOT_CONVERGED.format("singular values")),
+    ("eig", _NOT_CONVERGED.format("eigenvalues")),
+    ("syevd", _NOT_CONVERGED.format("eigenvalues")),
+    ("lstsq", "The least squares solution could not be computed because the input matrix does not have full rank "
+              "(error code: {1})."),
+    ("lu_factor", "U[{1},{1}] is zero and using it on lu_solve would result in a division by zero. If you still "
+                  "want to perform the factorization, consider calling linalg.lu(A, pivot) or "
+                  "linalg.lu_factor_ex(A, pivot)"),
 )
 
 
@@ -245,7 +252,8 @@ def _potf2(a):
         running = info == 0
         fails = running & ~(pivot > 0)  # NaN fails too
         root = jnp.sqrt(jnp.where(fails, 1, pivot)).astype(a.dtype)
-        below = (a[..., :, j] - jnp.einsum("...ik,...k->...i", jnp.where(done, factor, 0), row.conj())) / root[..., None]
+        products = jnp.einsum("...ik,...k->...i", jnp.where(done, factor, 0), row.conj())
+        below = (a[..., :, j] - products) / root[..., None]
         factored = jnp.where(rows > j, below, jnp.where(rows == j, root[..., None], 0))
         failed = jnp.where(rows == j, pivot.astype(a.dtype)[..., None], factor[..., :, j])
         new = jnp.where((running & ~fails)[..., None], factored, jnp.where(fails[..., None], failed, factor[..., :, j]))

@@ -352,8 +352,8 @@ def _bags(indices, offsets, include_last_offset, padding_idx):
         checks.require(offsets[0] == 0, RuntimeError,
                        "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0.")
         checks.require(offsets[-1] <= indices.shape[0], RuntimeError,
-                       f"offsets[-1] can not be greater than input's length {indices.shape[0]} but got offsets[-1] of {{}}",
-                       culprit=offsets[-1])
+                       f"offsets[-1] can not be greater than input's length {indices.shape[0]} but got "
+                       "offsets[-1] of {}", culprit=offsets[-1])
     bag = jnp.searchsorted(offsets, jnp.arange(indices.shape[0], dtype=offsets.dtype), side="right") - 1
     bag = jnp.where(bag < 0, num_bags, bag).astype(indices.dtype)
     used = (bag < num_bags) & (indices != padding_idx) if padding_idx >= 0 else bag < num_bags
@@ -377,7 +377,8 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     in_range = (indices >= 0) & (indices < weight.shape[0])
     if mode == 2 or padding_idx >= 0:  # the CPU kernel's paths word it differently
         checks.require(in_range, RuntimeError,
-                       "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {}", culprit=indices)
+                       "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {}",
+                       culprit=indices)
     else:
         checks.require(in_range, RuntimeError,
                        f"Index {{}} of input takes value {{}} which is not in the valid range [0, {weight.shape[0]})",

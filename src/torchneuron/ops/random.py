@@ -25,7 +25,8 @@ def _check_uniform_bounds(x, low=0.0, high=1.0, **kwargs):
     """PyTorch's error for bad bounds, which its meta kernels do not check (the bounds are then static scalars,
     or later calls would reuse a program built without the check)."""
     # numbers as C++ prints doubles (a graph's are floats: 2.0 prints 2)
-    torch._check(low <= high, lambda: f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
+    torch._check(low <= high,
+                 lambda: f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
 
 
 def _check_exponential_rate(x, lambd=1.0, **kwargs):
@@ -105,8 +106,11 @@ def _check_random_range(x, low, high=None, **kwargs):
         return
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    info = torch.finfo(x.dtype) if x.dtype.is_floating_point else None if x.dtype == torch.bool else torch.iinfo(x.dtype)
-    lowest, highest = (0, 1) if info is None else (info.min, info.max)
+    if x.dtype == torch.bool:
+        lowest, highest = 0, 1
+    else:
+        info = torch.finfo(x.dtype) if x.dtype.is_floating_point else torch.iinfo(x.dtype)
+        lowest, highest = info.min, info.max
     for name, bound in (("from", low), ("to - 1", high - 1)):
         if not lowest <= bound <= highest:
             raise RuntimeError(f"{name} is out of bounds for {type_meta_name(x.dtype)}")

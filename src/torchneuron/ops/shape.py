@@ -168,8 +168,9 @@ def _overlaps(a, b) -> bool:
 def _check_cat_out(tensors, dim=0, *, out):
     _check_cat_ranks(tensors, dim)
     if any(_overlaps(out, t) for t in tensors):
-        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor refer to "
-                           "a single memory location. Please clone() the tensor before performing the operation.")
+        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
+                           "refer to a single memory location. Please clone() the tensor before performing the "
+                           "operation.")
 
 
 META[aten.cat.out] = checked_meta(_check_cat_out, aten.cat.out)
