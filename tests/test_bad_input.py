@@ -537,6 +537,13 @@ def test_upsampling_an_empty_batch_gives_an_empty_result_as_the_cpu(mode):
     assert_same(upsample(torch.ones(0, 3, 2, 2, device="neuron")), upsample(torch.ones(0, 3, 2, 2)))
 
 
+@pytest.mark.parametrize("eps", [0.2, 0.6])
+def test_logit_bounds_its_input_in_the_cpu_kernels_order(eps):
+    """Below eps reads eps, else above 1 - eps reads 1 - eps: with eps above 0.5 a clamp would send all to 1 - eps."""
+    x = torch.tensor([-2.0, 0.5, 3.0, float("nan"), 0.1, 0.95])
+    assert_same(torch.logit(x.to("neuron"), eps=eps), torch.logit(x, eps=eps), equal_nan=True)
+
+
 def test_index_add_truncates_a_float_alpha_for_integers_as_the_cpu():
     """PyTorch's meta kernel refuses it; the CPU kernel converts it as C++ does."""
     for device in ("cpu", "neuron"):
