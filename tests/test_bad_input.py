@@ -356,6 +356,14 @@ def test_fill_values_the_cpu_accepts_give_its_values():
             torch.testing.assert_close(got, torch.zeros(2, dtype=dtype).fill_(value), equal_nan=True)
 
 
+def _partly_itself(d, write):
+    """`write` of a tensor part of whose elements it reads (TensorIterator refuses it; a whole alias is fine)."""
+    x = torch.arange(4.0, device=d)
+    write(x)
+    x.add_(x)
+    return x
+
+
 def _cat_into_its_input(d):
     x = torch.arange(6.0, device=d)
     return torch.cat([x[:2], x[2:4]], out=x[:4])
@@ -407,6 +415,9 @@ def _cat_into_its_input(d):
         lambda d: torch.randint(0, 300, (2,), dtype=torch.uint8, device=d),
         lambda d: torch.mvlgamma(torch.full((2,), 3.0, device=d), 0),
         lambda d: F.interpolate(torch.ones(1, 0, 2, 2, device=d), size=4, mode="bilinear"),
+        lambda d: _partly_itself(d, lambda x: x[1:].add_(x[:-1])),
+        lambda d: _partly_itself(d, lambda x: torch.add(x[:2], x[1:3], out=x[1:3])),
+        lambda d: _partly_itself(d, lambda x: x.view(2, 2).T.copy_(x.view(2, 2))),
     ],
     ids=["clamp", "clamp_", "clamp-out", "sub-int-float-alpha", "add-bool-float-alpha", "index_fill_-bool-complex",
          "index_fill-complex-tensor", "multinomial-integer", "multinomial-more-samples-than-categories",
@@ -417,7 +428,8 @@ def _cat_into_its_input(d):
          "sdpa-long-mask", "sdpa-mixed-dtypes", "smooth_l1-negative-beta", "cat-out-overlapping-an-input",
          "adaptive_avg_pool2d-empty-window", "upsample_bilinear2d-3d-input", "random_-beyond-int8",
          "randint-beyond-uint8",
-         "mvlgamma-order-0", "interpolate-no-channels"],
+         "mvlgamma-order-0", "interpolate-no-channels", "add_-of-part-of-itself", "add-out-part-of-an-input",
+         "copy_-transposed-into-itself"],
 )
 def test_input_the_meta_kernel_judges_otherwise_raises_the_cpu_kernels_error(bad):
     """Meta kernels written in Python (torch._refs) raise ValueError where the CPU kernel raises

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import torch
 
-from ..ops import checks, registry, rules
+from ..ops import checks, registry, rules, shape
 from ..runtime import events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import convert_to
@@ -181,6 +181,8 @@ class Executable:
         written_in_place = [i for i in mutated if i not in resized]
         for i in written_in_place:
             _check_no_internal_overlap(specs[i])
+        if rule.refuses_partial_overlap:
+            _check_no_partial_overlap(meta_tensors, pattern, written_in_place)
         fresh = []
         self.plan = _output_plan(meta_out, by_identity, fresh)
         self.fresh_specs = fresh_specs = [_meta_spec(m) for m in fresh]
@@ -321,6 +323,15 @@ def _check_no_internal_overlap(spec):
             "unsupported operation: more than one element of the written-to tensor refers to a single "
             "memory location. Please clone() the tensor before performing the operation."
         )
+
+
+def _check_no_partial_overlap(meta_tensors, pattern, written):
+    """TensorIterator's check (pointwise ops, copy_): an input may be a tensor the op writes, or apart from it,
+    but not part of it (`x[1:].add_(x[:-1])`)."""
+    for i in written:
+        if any(j != i and pattern[j] == pattern[i] and shape.overlap(meta_tensors[i], meta_tensors[j]) == "partial"
+               for j in range(len(meta_tensors))):
+            raise RuntimeError(shape.SHARED_MEMORY)
 
 
 def _check_inplace_shapes(func, changes):

@@ -38,6 +38,9 @@ class OpRule:
     check: object
     # an out= op that computes in its out tensor's dtype when not given one (the CPU's sums and products)
     dtype_from_out: bool = False
+    # refuses an input sharing some but not all of the elements it writes (TensorIterator's check: pointwise
+    # ops and copy_)
+    refuses_partial_overlap: bool = False
     # a collective's lowering, only for programs mapped over its process group (ops.collectives)
     collective: object = None
 
@@ -75,6 +78,7 @@ def _build(op) -> OpRule:
         meta=registry.META.get(op, op),
         check=getattr(registry.META.get(op), "check", None),
         dtype_from_out=registry.is_out(op) and op.overloadpacket in _ACCUMULATE_IN_OUT_DTYPE,
+        refuses_partial_overlap=torch.Tag.pointwise in op.tags or op is torch.ops.aten.copy_.default,
         collective=collectives.LOWERINGS.get(op),
     )
 

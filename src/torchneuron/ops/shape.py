@@ -152,25 +152,29 @@ def _check_cat_ranks(tensors, dim=0):
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
 
 
-def _overlaps(a, b) -> bool:
-    """PyTorch's get_overlap_status, partial or full: dense views sharing some bytes of one storage (it gives
-    up on other views, which then pass)."""
+def overlap(a, b):
+    """PyTorch's get_overlap_status of two views: "full" (the same elements in the same order), "partial", or
+    None (none, or too hard to tell: a view that is not dense, which PyTorch lets pass)."""
     if a is b:
-        return True
+        return "full"
     if not a.numel() or not b.numel() or a.untyped_storage()._cdata != b.untyped_storage()._cdata:
-        return False
+        return None
     if not all(map(is_non_overlapping_and_dense_or_false, (a, b))):
-        return False
+        return None
     (a_begin, a_end), (b_begin, b_end) = [(t.storage_offset(), t.storage_offset() + t.numel()) for t in (a, b)]
-    return a_begin < b_end and b_begin < a_end
+    if (a_begin, a_end) == (b_begin, b_end):
+        return "full" if a.stride() == b.stride() else "partial"
+    return "partial" if a_begin < b_end and b_begin < a_end else None
+
+
+SHARED_MEMORY = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                 "single memory location. Please clone() the tensor before performing the operation.")
 
 
 def _check_cat_out(tensors, dim=0, *, out):
     _check_cat_ranks(tensors, dim)
-    if any(_overlaps(out, t) for t in tensors):
-        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
-                           "refer to a single memory location. Please clone() the tensor before performing the "
-                           "operation.")
+    if any(overlap(out, t) for t in tensors):
+        raise RuntimeError(SHARED_MEMORY)
 
 
 META[aten.cat.out] = checked_meta(_check_cat_out, aten.cat.out)
