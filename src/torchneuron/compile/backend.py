@@ -76,7 +76,7 @@ def decompositions() -> dict:
 
     # an op whose CPU errors are checked (registry.checked_meta) stays a node too: the checks are its rule's
     return {op: fn for op, fn in core_aten_decompositions().items()
-            if op not in registry.LOWERINGS and not hasattr(registry.META.get(op), "check")}
+            if op not in registry.LOWERINGS and registry.argument_check(op) is None}
 
 
 def supported(target, with_collectives: bool = False) -> bool:

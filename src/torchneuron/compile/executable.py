@@ -282,12 +282,10 @@ def _cpu_dtype_refusal(gm):
     asked once, here, of real CPU tensors (the compiler's fake mode is still on)."""
     with unset_fake_temporarily():
         for node in gm.graph.nodes:
-            if not _is_op(node):
+            arguments = _concrete_arguments(node) if _is_op(node) else None
+            if arguments is None:
                 continue
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-            if any(_symbolic(leaf) for leaf in pytree.tree_leaves((args, kwargs))):
-                continue  # the CPU cannot run it on zeros of symbolic sizes (a dynamic graph)
-            error = cpu_dtypes.refusal(node.target, args, kwargs)
+            error = cpu_dtypes.refusal(node.target, *arguments)
             if error is not None:
                 return error
     return None
@@ -301,10 +299,15 @@ def _cpu_error_of(node, failure):
     if fallback.is_final(rules.rule(node.target), failure):
         return None
     with unset_fake_temporarily():
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-        if any(_symbolic(leaf) for leaf in pytree.tree_leaves((args, kwargs))):
-            return None
-        return fallback.cpu_error(node.target, args, kwargs)
+        arguments = _concrete_arguments(node)
+        return None if arguments is None else fallback.cpu_error(node.target, *arguments)
+
+
+def _concrete_arguments(node):
+    """The node's traced arguments, for the CPU to be asked about on zeros of their sizes; None where a size
+    is symbolic (a dynamic graph), which the CPU cannot run."""
+    arguments = rules.traced_arguments(node)
+    return None if any(_symbolic(leaf) for leaf in pytree.tree_leaves(arguments)) else arguments
 
 
 def _symbolic(value) -> bool:

@@ -34,12 +34,13 @@ class Compute:
         self.rule = rule
         self.func = rule.op
         self.random = rule.random
+        self.dtype_from_out = rule.dtype_from_out
         self.drop_kwargs = set(rule.mutated) if rule.out else set()
 
     def __call__(self, func, args, kwargs, generator=None):
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
-        if self.rule.dtype_from_out and kwargs.get("dtype") is None:
+        if self.dtype_from_out and kwargs.get("dtype") is None:
             kwargs = {**kwargs, "dtype": kwargs["out"].dtype}
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
         # (aliasing is part of the program), the default dtype (result dtype of float scalars, int division,
@@ -317,12 +318,9 @@ def _lacks_meta_kernel(rule) -> bool:
 
 def _check_no_internal_overlap(spec):
     """PyTorch refuses writes where several elements share one memory location (expanded tensors)."""
-    shape, stride = spec[0], spec[1]
-    if any(size > 1 and st == 0 for size, st in zip(shape, stride)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
+    sizes, stride = spec[0], spec[1]
+    if any(size > 1 and st == 0 for size, st in zip(sizes, stride)):
+        raise RuntimeError(shape.OVERLAPPING_WRITE)
 
 
 def _check_no_partial_overlap(meta_tensors, pattern, written):

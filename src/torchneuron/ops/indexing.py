@@ -11,6 +11,7 @@ from ..runtime.dtypes import to_torch
 from .promotion import cast, scalar_type_name
 from .reductions import running_sum
 from .registry import META, Prefix, checked_meta, lower, rows_kept
+from .shape import OVERLAPPING_WRITE
 
 aten = torch.ops.aten
 
@@ -275,8 +276,7 @@ def _check_out_overlap(*args, out, **kwargs):
     """index_select's CPU kernel refuses an out whose elements overlap before resizing it (its meta resizes)."""
     _check_index_is_a_vector(*args, **kwargs)
     if torch._debug_has_internal_overlap(out) == 1:  # 1: it does (2: too costly to tell)
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
-                           "memory location. Please clone() the tensor before performing the operation.")
+        raise RuntimeError(OVERLAPPING_WRITE)
 
 
 META[aten.index_select.out] = checked_meta(_check_out_overlap, aten.index_select.out)

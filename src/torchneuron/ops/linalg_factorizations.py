@@ -268,15 +268,16 @@ def _cholesky(a):
     positive-definite, 0 on success), failed matrices left as the CPU leaves them (`_potf2`, run only
     when a matrix failed)."""
     factor = lax.linalg.cholesky(a, symmetrize_input=False)
+    none_failed = jnp.zeros(a.shape[:-2], jnp.int32)
     if not a.size:
-        return factor, jnp.zeros(a.shape[:-2], jnp.int32)
+        return factor, none_failed
     failed = ~(jnp.diagonal(factor, axis1=-2, axis2=-1).real > 0).all(axis=-1)  # NaN, or a zero last pivot
 
     def redo():
         partial, info = _potf2(a)
         return jnp.where(failed[..., None, None], partial, factor), info
 
-    return lax.cond(failed.any(), redo, lambda: (factor, jnp.zeros(a.shape[:-2], jnp.int32)))
+    return lax.cond(failed.any(), redo, lambda: (factor, none_failed))
 
 
 @lower(aten.linalg_cholesky_ex)

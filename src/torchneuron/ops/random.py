@@ -33,13 +33,6 @@ def _check_exponential_rate(x, lambd=1.0, **kwargs):
     torch._check(lambd > 0, lambda: f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
 
 
-# the in-place ops eager runs, and the functional ones compiled graphs hold
-for _check, _ops in ((_check_uniform_bounds, (aten.uniform_.default, aten.uniform.default)),
-                     (_check_exponential_rate, (aten.exponential_.default, aten.exponential.default))):
-    for _op in _ops:
-        META[_op] = checked_meta(_check, _op)
-
-
 def _drawn(key, shape, dtype, draw):
     """draw(key, shape, real dtype) as `dtype`, in float32 for half precision; a complex dtype gets its real
     and imaginary parts drawn independently, as PyTorch draws into view_as_real of the tensor."""
@@ -116,8 +109,7 @@ def _check_random_range(x, low, high=None, **kwargs):
             raise RuntimeError(f"{name} is out of bounds for {type_meta_name(x.dtype)}")
 
 
-@lower(getattr(aten.random, "from"), random=True,
-       meta=checked_meta(_check_random_range, getattr(aten.random, "from")))
+@lower(getattr(aten.random, "from"), random=True)
 def random_from(key, x, low, high=None, *, generator=None):
     high = _random_high(x) if high is None else high
     return jax.random.randint(key, x.shape, low, high, dtype=jnp.int64).astype(x.dtype)
@@ -127,12 +119,16 @@ def _check_random_to(x, high, **kwargs):
     _check_random_range(x, 0, high)
 
 
-# x.random_(low, high), as torch.randint calls it, reaches its meta kernel unchanged
-META[getattr(aten.random_, "from")] = checked_meta(_check_random_range, getattr(aten.random_, "from"))
-META[aten.random_.to] = checked_meta(_check_random_to, aten.random_.to)
+# the in-place ops eager runs (torch.randint calls random_), and the functional ones compiled graphs hold
+for _check, _ops in ((_check_uniform_bounds, (aten.uniform_.default, aten.uniform.default)),
+                     (_check_exponential_rate, (aten.exponential_.default, aten.exponential.default)),
+                     (_check_random_range, (getattr(aten.random_, "from"), getattr(aten.random, "from"))),
+                     (_check_random_to, (aten.random_.to, aten.random.to))):
+    for _op in _ops:
+        META[_op] = checked_meta(_check, _op)
 
 
-@lower(aten.random.to, random=True, meta=checked_meta(_check_random_to, aten.random.to))
+@lower(aten.random.to, random=True)
 def random_to(key, x, high, *, generator=None):
     return random_from(key, x, 0, high)
 

@@ -129,6 +129,11 @@ def checked_meta(check, op):
     return meta
 
 
+def argument_check(op):
+    """The CPU-error check `checked_meta` gave `op`'s meta function, or None."""
+    return getattr(META.get(op), "check", None)
+
+
 def meta_kernel(*ops):
     """Register `fn` as the Meta kernel of ops that PyTorch (some release of it) gives none, where it has none:
     neuron's eager dispatch and torch.compile's fake tensors make the ops' output metadata by it

@@ -76,7 +76,7 @@ def _build(op) -> OpRule:
         cpu_forced=op in registry.CPU_FORCED,
         checked_outputs=op in registry.CHECKED_OUTPUTS or target in registry.CHECKED_OUTPUTS,
         meta=registry.META.get(op, op),
-        check=getattr(registry.META.get(op), "check", None),
+        check=registry.argument_check(op),
         dtype_from_out=registry.is_out(op) and op.overloadpacket in _ACCUMULATE_IN_OUT_DTYPE,
         refuses_partial_overlap=torch.Tag.pointwise in op.tags or op is torch.ops.aten.copy_.default,
         collective=collectives.LOWERINGS.get(op),
@@ -191,6 +191,11 @@ def _like_meta(value, meta):
     return None if meta is None else _cast_like(value, meta)
 
 
+def traced_arguments(node: torch.fx.Node):
+    """A node's (args, kwargs) as the graph was traced: its input nodes' fake values."""
+    return torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+
+
 def run_graph(gm: torch.fx.GraphModule, inputs, key=None):
     return run_graph_with_inputs(gm, inputs, key)[0]
 
@@ -223,8 +228,7 @@ def run_graph_with_inputs(gm: torch.fx.GraphModule, inputs, key=None, also=(), o
             if lowering is None:
                 raise MissingLowering(target)
             if op.check is not None:
-                # on the node's arguments as the graph was traced (fake values)
-                fake_args, fake_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+                fake_args, fake_kwargs = traced_arguments(node)
                 op.check(*fake_args, **fake_kwargs)
             if op.random:
                 args = (jax.random.fold_in(key, index), *args)

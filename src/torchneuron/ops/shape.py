@@ -167,6 +167,8 @@ def overlap(a, b):
     return "partial" if a_begin < b_end and b_begin < a_end else None
 
 
+OVERLAPPING_WRITE = ("unsupported operation: more than one element of the written-to tensor refers to a single "
+                     "memory location. Please clone() the tensor before performing the operation.")
 SHARED_MEMORY = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
                  "single memory location. Please clone() the tensor before performing the operation.")
 
