@@ -285,6 +285,7 @@ def test_a_storage_pytorch_allocates_holds_what_tensors_write_to_it(device):
     import gc
 
     placed = torch.device("neuron", torch.device(device).index or 0)
+    gc.collect()  # earlier tests' garbage, which the collections below would otherwise free from the count
     before = torch.neuron.memory_allocated(placed)
     storage = torch.UntypedStorage(16, device=device)
     assert storage.device == placed and storage.nbytes() == 16
