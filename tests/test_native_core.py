@@ -303,6 +303,37 @@ def test_a_storage_pytorch_allocates_holds_what_tensors_write_to_it(device):
     assert torch.neuron.memory_allocated(placed) == before
 
 
+@pytest.mark.parametrize("device", ["neuron", "neuron:1"])
+def test_a_storage_taken_from_a_tensor_keeps_its_bytes_after_the_tensor(device):
+    """As on CUDA, `t.untyped_storage()` owns the memory: it outlives every tensor that viewed it (it raised
+    before), a tensor set to it later reads the bytes, and the memory goes, without a garbage collection,
+    when the last holder does."""
+    import gc
+
+    placed = torch.device(device)
+    gc.collect()
+    before = torch.neuron.memory_allocated(placed)
+    x = torch.arange(6.0, device=device)
+    storage = x.untyped_storage()
+    address = x.data_ptr()
+    del x
+    assert torch.neuron.memory_allocated(placed) == before + 24
+    assert storage.data_ptr() == address and storage.nbytes() == 24
+    assert torch.empty(0).set_(storage.cpu(), 0, (6,), (1,)).tolist() == list(range(6))
+    again = torch.empty(0, device=device).set_(storage, 2, (2, 2), (2, 1))
+    assert again.data_ptr() == address + 8
+    assert_same(again, torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
+    del again
+    storage.resize_(8)
+    assert storage.data_ptr() != address and torch.neuron.memory_allocated(placed) == before + 8
+    assert torch.empty(0).set_(storage.cpu(), 0, (2,), (1,)).tolist() == [0.0, 1.0]
+    del storage
+    assert torch.neuron.memory_allocated(placed) == before
+    y = torch.ones(100, device=device)
+    del y
+    assert torch.neuron.memory_allocated(placed) == before
+
+
 def test_streams_and_events():
     s = torch.neuron.Stream()
     assert isinstance(s, torch.Stream) and s.device == torch.device("neuron", 0)

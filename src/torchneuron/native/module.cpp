@@ -114,9 +114,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("default_generator", [](c10::DeviceIndex index) { return default_generator(index); });
   m.def("next_seed_offset", &next_seed_offset, py::arg("generator"), py::arg("increment") = 1);
-  m.def("new_storage", &new_storage);
+  m.def("native_storage", &native_storage);
+  m.def("storage_address", [](py::handle owner) { return reinterpret_cast<uintptr_t>(storage_address(owner)); });
+  m.def("owner_of", &owner_of);
   m.def("set_storage_nbytes", &set_storage_nbytes);
-  m.def("allocated_by_pytorch", &allocated_by_pytorch);
+  m.def("adopt", &adopt);
   // torch.profiler(profile_memory=True) hears of allocations only from C++ allocators; neuron buffers are
   // held in Python, which reports each allocation (bytes > 0) and free (bytes < 0) here while a profile runs
   m.def("report_memory", [](int64_t address, int64_t bytes, int64_t allocated, c10::DeviceIndex index) {
@@ -127,10 +129,10 @@ PYBIND11_MODULE(_C, m) {
   // torch.Tensor._make_wrapper_subclass, which parses fifteen arguments and gives the tensor a storage of
   // its own that would then be replaced. The dispatch keys are the ones that function gives (the
   // device's and autograd's, and Python's for __torch_dispatch__).
-  m.def("new_tensor", [](py::handle cls, const c10::Storage& storage, at::IntArrayRef sizes,
-                         at::IntArrayRef strides, int64_t offset, at::ScalarType dtype) {
+  m.def("new_tensor", [](py::handle cls, py::handle owner, at::IntArrayRef sizes, at::IntArrayRef strides,
+                         int64_t offset, at::ScalarType dtype) {
     auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+        native_storage(owner), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
     auto* impl = tensor.unsafeGetTensorImpl();
     impl->set_sizes_and_strides(sizes, strides, offset);
     impl->set_python_dispatch(true);

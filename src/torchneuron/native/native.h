@@ -9,8 +9,11 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace torchneuron {
+
+namespace py = pybind11;
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 
@@ -29,15 +32,17 @@ const at::Generator& default_generator(c10::DeviceIndex index);
 at::Generator new_generator(c10::DeviceIndex index);
 std::pair<uint64_t, uint64_t> next_seed_offset(const at::Generator& generator, uint64_t increment);
 
-// storage.cpp: storages whose data pointers are addresses no host memory uses, encoding the device
-c10::Storage new_storage(size_t nbytes, c10::DeviceIndex index);
-c10::DataPtr virtual_data_ptr(size_t nbytes, c10::DeviceIndex index);
+// storage.cpp: storages whose data pointers are addresses no host memory uses, encoding the device, each
+// owning its Python Storage (`owner`), which refers to it weakly
+c10::Storage native_storage(py::handle owner);  // the living one, or a new one
+void* storage_address(py::handle owner);
+py::object owner_of(const c10::Storage& storage);  // None for one PyTorch allocated, not yet adopted
 // the device's allocator, for storages PyTorch allocates itself, which then have no Python Storage
 void register_allocator();
-bool allocated_by_pytorch(const c10::Storage& storage);
+void adopt(const c10::Storage& storage, py::handle owner);
 c10::DeviceIndex device_of_pointer(const void* pointer);
 void resize_storage(const c10::Storage& storage, size_t nbytes);
-void set_storage_nbytes(const c10::Storage& storage, size_t nbytes);
+void set_storage_nbytes(py::handle owner, size_t nbytes);
 c10::Allocator* host_pinned_allocator();
 bool is_pinned_pointer(const void* pointer);
 
@@ -46,7 +51,7 @@ struct Callbacks {
   void* device_count = nullptr;  // () -> int
   void* synchronize = nullptr;   // (index) -> None
   void* ready = nullptr;         // (index) -> bool
-  void* resize = nullptr;        // (storage_impl_address, nbytes) -> None
+  void* resize = nullptr;        // (torch.UntypedStorage, nbytes) -> None
 };
 Callbacks& callbacks();
 

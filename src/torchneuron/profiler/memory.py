@@ -42,7 +42,7 @@ class _History:
     def instant(self, kind, name, details):
         if kind not in ("alloc", "free") or not name.nbytes:  # empty storages hold no memory
             return
-        address = name.handle.data_ptr()
+        address = name.data_ptr()
         if kind == "alloc":
             frames = _frames() if self.stacks else []
             self.frames[address] = frames
@@ -82,11 +82,11 @@ def _record_memory_history(enabled="all", context=None, stacks="python", max_ent
 def memory_snapshot() -> dict:
     """Every live neuron storage as a segment, and the recorded history per device (torch.cuda's format)."""
     segments = []
-    for ref in list(storages._by_native.values()):
+    for ref in list(storages._live.values()):
         storage = ref()
         if storage is None or not storage.nbytes:
             continue
-        address = storage.handle.data_ptr()
+        address = storage.data_ptr()
         frames = _history.frames.get(address, []) if _history is not None else []
         block = {"address": address, "size": storage.nbytes, "requested_size": storage.nbytes,
                  "state": "active_allocated", "frames": frames}

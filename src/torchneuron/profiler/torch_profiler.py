@@ -65,7 +65,7 @@ class _Session:
                 pass
         elif kind in ("alloc", "free"):
             nbytes = name.nbytes if kind == "alloc" else -name.nbytes
-            native.report_memory(name.handle.data_ptr(), nbytes, name.account.allocated, name.device_index)
+            native.report_memory(name.data_ptr(), nbytes, name.account.allocated, name.device_index)
 
 
 class Sessions:

@@ -52,17 +52,20 @@ def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
     return jax.device_put(np.zeros(numel, dtype), jax_device(device_index))
 
 
-# Storage by the address of its native storage, for resizes PyTorch makes through the hooks
-_by_native = {}
+# every live Storage, by id, for the memory snapshot
+_live = {}
 
 
 class Storage:
-    """`handle` is the torch.UntypedStorage every tensor viewing this storage shares (data_ptr,
-    resize_, storage identity); the device buffer itself is held here."""
+    """The device buffer shared by every tensor viewing it. Its native storage (a torch.UntypedStorage:
+    data_ptr, resize_, storage identity), made for the first tensor and shared by the rest, keeps this
+    Storage alive, and this Storage refers to it only weakly (`native`): a tensor or a storage object the
+    user holds keeps the bytes, as on CUDA (native/storage.cpp)."""
 
-    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "handle", "__weakref__")
+    __slots__ = ("_buffer", "device_index", "dtype", "numel", "nbytes", "account", "native", "address",
+                 "__weakref__")
 
-    def __init__(self, numel: int, dtype, device_index: int, buffer=None, handle=None):
+    def __init__(self, numel: int, dtype, device_index: int, buffer=None):
         self.numel = numel
         self.dtype = dtype  # torch dtype of the elements
         self.device_index = device_index
@@ -70,17 +73,26 @@ class Storage:
         self._buffer = buffer  # None: allocated but never written (reads as zeros); or Pending
         self.account = accounts[device_index]
         self.account.allocate(nbytes)
-        self.handle = handle = native.new_storage(nbytes, device_index) if handle is None else handle
-        _by_native[handle._cdata] = weakref.ref(self)
+        self.native = None  # no native storage yet
+        self.address = None  # its data pointer, given when first asked
+        _live[id(self)] = weakref.ref(self)
         if events.listening:
             events.alloc(self)
 
     # bound here: storages still alive at interpreter exit are freed after module globals are cleared
-    def __del__(self, events=events, by_native=_by_native):
+    def __del__(self, events=events, live=_live):
         self.account.allocated -= self.nbytes
         if events.listening:
             events.free(self)
-        by_native.pop(self.handle._cdata, None)
+        live.pop(id(self), None)
+
+    @property
+    def handle(self):
+        """The native storage (a torch.UntypedStorage) every tensor viewing this one shares."""
+        return native.native_storage(self)
+
+    def data_ptr(self) -> int:
+        return native.storage_address(self)
 
     @property
     def buffer(self) -> jax.Array:
@@ -121,31 +133,22 @@ class Storage:
             if events.listening:
                 events.alloc(self)
         self._buffer = new
-        native.set_storage_nbytes(self.handle, self.nbytes)
-
-
-def of_native(native_address: int) -> Storage:
-    """The Storage whose native handle (a torch.UntypedStorage) has this `_cdata` address."""
-    ref = _by_native.get(native_address)
-    storage = ref() if ref is not None else None
-    if storage is None:
-        raise RuntimeError("neuron: this storage's tensors have all been freed, and its device buffer with them")
-    return storage
+        native.set_storage_nbytes(self, self.nbytes)
 
 
 def of_handle(untyped) -> Storage:
     """The Storage of a neuron torch.UntypedStorage. One PyTorch allocated itself (`torch.UntypedStorage(n,
-    device="neuron")`) gets one now: its bytes, zero, kept alive by the storage object as a CPU storage
-    keeps its memory (and by the tensors viewing it)."""
-    ref = _by_native.get(untyped._cdata)
-    if (ref is None or ref() is None) and native.allocated_by_pytorch(untyped):
-        untyped._neuron_storage = Storage(untyped.nbytes(), torch.uint8, untyped.device.index, handle=untyped)
-    return of_native(untyped._cdata)
+    device="neuron")`) gets one now: its bytes, zero."""
+    storage = native.owner_of(untyped)
+    if storage is None:
+        storage = Storage(untyped.nbytes(), torch.uint8, untyped.device.index)
+        native.adopt(untyped, storage)
+    return storage
 
 
-def resize_native(native_address: int, nbytes: int) -> None:
+def resize_native(untyped, nbytes: int) -> None:
     """`UntypedStorage.resize_(nbytes)` on a neuron storage, called by the native hooks."""
-    storage = of_native(native_address)
+    storage = of_handle(untyped)
     itemsize = storage.dtype.itemsize
     if nbytes % itemsize:
         raise RuntimeError(

@@ -129,7 +129,7 @@ def bind_dispatch(dispatch) -> None:
 def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> NeuronTensor:
     """A neuron tensor viewing `storage`: the only constructor (the class is never called directly)."""
     shape, stride = tuple(shape), tuple(stride)
-    tensor = native.new_tensor(NeuronTensor, storage.handle, shape, stride, offset, dtype)
+    tensor = native.new_tensor(NeuronTensor, storage, shape, stride, offset, dtype)
     tensor._storage = storage
     tensor._spec = (shape, stride, offset, dtype, storage.device_index)
     return tensor
