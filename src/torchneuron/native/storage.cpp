@@ -47,8 +47,16 @@ void* new_address(size_t nbytes, c10::DeviceIndex index) {
 // until a tensor views it (`adopt`)
 void no_owner(void*) {}
 
+bool interpreter_running() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 void release_owner(void* owner) {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+  if (!interpreter_running()) {
     return;  // the interpreter is going, and its objects with it
   }
   py::gil_scoped_acquire gil;
