@@ -163,6 +163,39 @@ def test_synchronize_streams_events():
     assert z.shape == (256, 256)
 
 
+def test_sync_debug_mode_flags_operations_that_wait_to_read_values_on_the_host():
+    """As torch.cuda.set_sync_debug_mode: reading values on the host (.item(), .cpu(), a shape that depends on the
+    values, a CPU fallback) warns or raises; device work and explicit synchronisation do not."""
+    import warnings
+
+    x = torch.arange(6.0, device="neuron")
+    mask = x > 2
+    synchronizing = [lambda: x.sum().item(), lambda: x.cpu(), lambda: x[mask], lambda: x.nonzero(),
+                     lambda: torch.equal(x, x), lambda: bool(x[1]), lambda: x.unique()]
+    asynchronous = [lambda: x * 2 + 1, lambda: torch.where(mask, x, 0), lambda: x.sort(), lambda: x.to("neuron:1"),
+                    lambda: torch.ones(2).to("neuron"), torch.neuron.synchronize]
+    assert torch.neuron.get_sync_debug_mode() == 0
+    try:
+        torch.neuron.set_sync_debug_mode("error")
+        assert torch.neuron.get_sync_debug_mode() == 2
+        for operation in synchronizing:
+            with pytest.raises(RuntimeError, match="^called a synchronizing neuron operation$"):
+                operation()
+        for operation in asynchronous:
+            operation()
+        torch.neuron.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x.tolist()
+        assert [str(w.message) for w in caught] == ["called a synchronizing neuron operation"]
+        assert caught[0].filename == __file__  # the user's line, not torchneuron's
+        with pytest.raises(RuntimeError, match="expected one of `default`, `warn`, `error`"):
+            torch.neuron.set_sync_debug_mode("loud")
+    finally:
+        torch.neuron.set_sync_debug_mode("default")
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_memory_accounting():
     torch.neuron.synchronize()
     base = torch.neuron.memory_allocated()

@@ -68,6 +68,27 @@ def get_device_properties(device=None):
 
 # --- synchronisation -----------------------------------------------------------
 
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """As torch.cuda's: "default" or 0, nothing; "warn" or 1, warn; "error" or 2, raise at each operation that
+    waits for the device to read values on the host (`.item()`, `.cpu()`, `nonzero`, a CPU fallback).
+    `synchronize()` is not one of them."""
+    from ..runtime import sync
+
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    sync.debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    from ..runtime import sync
+
+    return sync.debug_mode
+
 
 # --- adaptive eager ------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from ..ops import registry
 from ..ops.indexing import masked_rows
 from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
-from ..runtime import storage, transfer
+from ..runtime import storage, sync, transfer
 from ..runtime.dtypes import convert_to, to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
@@ -306,6 +306,8 @@ def data_dependent(func, args, kwargs):
 
 def _on_values(fn, args, kwargs):
     """`fn` of the tensors' values as concrete arrays, its results as tensors."""
+    if sync.debug_mode:
+        sync.host_read()  # the results' shapes wait for the values
     tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
     device_index, carried_complex = tensors[0].device.index, _carried_complex(tensors)
     concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))

@@ -29,6 +29,8 @@ def _host_to_device(tensor: torch.Tensor, device_index: int) -> jax.Array:
 
 def device_to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """A device array as a CPU tensor that owns its memory."""
+    if sync.debug_mode:
+        sync.host_read()
     if events.listening:
         return events.transfer("d2h", array.nbytes, _device_index(array), _device_to_host, array, dtype)
     return _device_to_host(array, dtype)
