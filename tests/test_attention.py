@@ -261,3 +261,69 @@ def test_transformer_encoder_nested_tensor_path_gives_the_cpus_output(norm, padd
     assert fallback.report() == {} and neuron.use_nested_tensor
     with pytest.raises(NotImplementedError, match="nested tensors cannot live on neuron"):
         torch._nested_tensor_from_mask(x.to("neuron"), padding.to("neuron") == 0)
+
+
+def _jagged(sequences, device):
+    return torch.nested.nested_tensor([s.to(device) for s in sequences], layout=torch.jagged, requires_grad=True)
+
+
+@pytest.mark.parametrize("is_causal,cross", [(False, False), (True, False), (False, True)])
+def test_attention_of_jagged_nested_tensors_attends_within_each_sequence(is_causal, cross):
+    """Jagged nested tensors' SDPA takes flash attention's op for packed sequences, as on CUDA (the CPU's math
+    path converts to strided nested tensors, which neuron cannot hold; it failed): each sequence attends to its
+    own keys, as dense attention of each sequence on the CPU does, gradients too."""
+    torch.manual_seed(0)
+    queries = [torch.randn(n, 2, 8) for n in (3, 5, 1)]
+    keys = [torch.randn(n, 2, 8) for n in (4, 2, 6)] if cross else queries
+    weights = torch.randn(9, 2, 8)
+    with fallback.as_error():
+        q = _jagged(queries, "neuron")
+        k = _jagged(keys, "neuron") if cross else q
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2),
+                                             is_causal=is_causal).transpose(1, 2)
+        (out.values() * weights.to("neuron")).sum().backward()
+    dense_q = [x.clone().requires_grad_() for x in queries]
+    dense_k = [x.clone().requires_grad_() for x in keys] if cross else dense_q
+    expected = torch.cat([F.scaled_dot_product_attention(a.transpose(0, 1), b.transpose(0, 1), b.transpose(0, 1),
+                                                         is_causal=is_causal).transpose(0, 1)
+                          for a, b in zip(dense_q, dense_k)])
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(out.values().detach().cpu(), expected.detach())
+    torch.testing.assert_close(q.grad.values().cpu(), torch.cat([x.grad for x in dense_q]))
+    torch.testing.assert_close(k.grad.values().cpu(), torch.cat([x.grad for x in dense_k]))
+
+
+def test_jagged_nested_tensors_pad_and_unpad_on_the_device():
+    """Softmax over the ragged dimension and to_padded_tensor go through the padded <-> packed conversions, which
+    ran on the CPU (a fallback each); they match the CPU's nested tensors, backward too."""
+    def run(device):
+        torch.manual_seed(0)
+        x = _jagged([torch.randn(2, 3), torch.randn(5, 3), torch.randn(1, 3)], device)
+        soft = x.softmax(dim=1)
+        padded = x.to_padded_tensor(-1.0, output_size=(3, 6, 3))
+        ((soft.values() * soft.values().detach().exp()).sum() + padded.sin().sum()).backward()
+        return soft.values().detach().cpu(), padded.detach().cpu(), x.grad.values().cpu()
+
+    fallback.reset()
+    for on_neuron, on_cpu in zip(run("neuron"), run("cpu")):
+        torch.testing.assert_close(on_neuron, on_cpu)
+    assert fallback.report() == {}
+
+
+def test_compiled_attention_of_jagged_nested_tensors_matches_eager():
+    """Under torch.compile the backward graph hands back the nested tensors' sequence-length tensors, empty CPU
+    tensors the program never reads (the graph refused them as tensors of another device)."""
+    def attend(q):
+        t = q.transpose(1, 2)
+        return F.scaled_dot_product_attention(t, t, t).transpose(1, 2).softmax(dim=1)
+
+    torch.manual_seed(0)
+    sequences = [torch.randn(3, 2, 8), torch.randn(5, 2, 8)]
+    results = []
+    for fn in (attend, torch.compile(attend, backend="neuron")):
+        q = _jagged(sequences, "neuron")
+        out = fn(q)
+        (out.values() * out.values().detach().cos()).sum().backward()
+        results.append((out.values().detach().cpu(), q.grad.values().cpu()))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager)

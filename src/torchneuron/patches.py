@@ -186,6 +186,35 @@ def flex_attention_accepts_neuron() -> None:
 
 
 @_patch
+def jagged_attention_on_neuron_takes_flash_attention() -> None:
+    """scaled_dot_product_attention of nested (jagged) tensors chooses its kernel with CUDA's checks, which refuse
+    neuron tensors, and then takes the math path, which converts to strided nested tensors, which neuron cannot
+    hold. Without a mask (flash attention's case, as on CUDA) neuron's inputs take the flash path: its op for
+    packed sequences, `_flash_attention_forward`, is lowered (ops/attention.py)."""
+    def patch(sdpa):
+        original = sdpa._select_sdp_backend
+
+        def _select_sdp_backend(query, key, value, attn_mask, dropout, is_causal, enable_gqa):
+            if (query.device.type == "neuron" and attn_mask is None and not enable_gqa
+                    and torch.backends.cuda.flash_sdp_enabled()):
+                return torch.nn.attention.SDPBackend.FLASH_ATTENTION
+            return original(query, key, value, attn_mask, dropout, is_causal, enable_gqa)
+
+        sdpa._select_sdp_backend = _select_sdp_backend
+        _select_sdp_backend.neuron_patched = True
+
+    _when_imported("torch.nested._internal.sdpa", patch)
+
+
+def _when_imported(name: str, then) -> None:
+    """`then(module)` now if the module is imported, else once it is."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _WhenImported(name, then))
+
+
+@_patch
 def inductor_hands_neuron_graphs_to_neuron() -> None:
     """Inductor has no code generator for PrivateUse1 devices, so `torch.compile(fn)` with its default
     backend (TorchTitan compiles flex_attention and create_block_mask that way) would fail on neuron
@@ -212,10 +241,7 @@ def compile_and_export_apply_the_compile_patches() -> None:
     not at import: that would import Dynamo into every `import torch` (about a second)."""
     for module, name in ((torch, "compile"), (torch.export, "export")):
         _apply_compile_patches_first(module, name)
-    if "torch._dynamo" in sys.modules:  # imported before torchneuron (autoloading off)
-        _wrap_dynamo_entry_points(sys.modules["torch._dynamo"])
-    else:
-        sys.meta_path.insert(0, _WhenImported("torch._dynamo", _wrap_dynamo_entry_points))
+    _when_imported("torch._dynamo", _wrap_dynamo_entry_points)  # imported before torchneuron when autoloading is off
 
 
 def _apply_compile_patches_first(module, name) -> None:
@@ -601,6 +627,7 @@ def apply() -> None:
     accelerator_api_routes_to_torch_neuron()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
+    jagged_attention_on_neuron_takes_flash_attention()
     inductor_hands_neuron_graphs_to_neuron()
     compile_and_export_apply_the_compile_patches()
     matrix_rank_out_writes_its_out()

@@ -39,6 +39,7 @@ class CompiledGraph:
     """
 
     _boxed_call = True
+    host_passed = frozenset()
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
@@ -54,6 +55,10 @@ class CompiledGraph:
         self.flat_output = _flat_container(self.out_spec)
         self.out_sources = [placeholders.index(v) if getattr(v, "op", None) == "placeholder" else None
                             for v in leaves]
+        # CPU tensors the graph only returns: nested tensors' sequence-length tensors, empty CPU tensors that a
+        # backward graph hands back; the program never reads them
+        self.host_passed = frozenset(i for i, p in enumerate(placeholders) if _on_host(p)
+                                     and all(user.op == "output" for user in p.users))
         self.out_aliases = _output_aliases(leaves)
         self.out_views, hidden = _output_views(leaves, placeholders, self.mutated, self.out_aliases,
                                                _saved_for_backward(output, len(leaves)))
@@ -114,8 +119,9 @@ class CompiledGraph:
         positions, statics, tensors = [], [], []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                positions.append(i)
-                tensors.append(a)
+                if i not in self.host_passed:
+                    positions.append(i)
+                    tensors.append(a)
             else:
                 statics.append(a)
         resolve = None
@@ -333,6 +339,11 @@ def _mutated_inputs(gm, placeholders) -> set:
     return mutated
 
 
+def _on_host(placeholder) -> bool:
+    value = placeholder.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu"
+
+
 def _meta_device(gm) -> int:
     """The device of a graph without tensor inputs (a graph of factories): where its outputs live."""
     for node in gm.graph.nodes:
@@ -418,7 +429,7 @@ class _Program:
         check_errors = []
         checked = checks.collecting if not graph.group else checks.unchecked
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
-        statics = [None if i in positions else a for i, a in enumerate(args)]
+        statics = [None if isinstance(a, torch.Tensor) else a for a in args]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
         self.aliases = aliases = graph.out_aliases
         views = {j: (base, [(lookup_op(name), *arguments) for name, *arguments in chain])

@@ -222,6 +222,71 @@ def flash_attention_backward(grad, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k
     return d_q, d_k, d_v
 
 
+# Flash attention's own op (`_flash_attention_forward`), which nested (jagged) tensors' attention calls: its
+# inputs are (batch, sequence, heads, dim), or with cumulative sequence lengths every sequence packed into
+# (total, heads, dim), attended as one batch row that a mask keeps within each sequence (causal from each
+# sequence's start, as the CPU's math path of nested tensors attends).
+
+def _sequence_positions(cum_seq, total):
+    """Each packed position's sequence and its place in that sequence."""
+    positions = jnp.arange(total)
+    sequence = jnp.searchsorted(cum_seq, positions, side="right") - 1
+    return sequence, positions - cum_seq[sequence]
+
+
+def _packed_mask(cum_seq_q, cum_seq_k, total_q, total_k, is_causal):
+    sequence_q, position_q = _sequence_positions(cum_seq_q, total_q)
+    sequence_k, position_k = _sequence_positions(cum_seq_k, total_k)
+    mask = sequence_q[:, None] == sequence_k[None, :]
+    return mask & (position_k[None, :] <= position_q[:, None]) if is_causal else mask
+
+
+def _heads_first(x, cum_seq):
+    """(batch, heads, sequence, dim) from flash attention's layout."""
+    return jnp.swapaxes(x if cum_seq is None else x[None], 1, 2)
+
+
+def _flash_layout(x, cum_seq):
+    x = jnp.swapaxes(x, 1, 2)
+    return x if cum_seq is None else x[0]
+
+
+def _flash_mask(q, k, cum_seq_q, cum_seq_k, is_causal, window_size_left, window_size_right):
+    """The mask of packed sequences (None for a batch), and whether the causal mask is left to _Layout."""
+    if window_size_left not in (None, -1) or window_size_right not in (None, -1):
+        raise NotImplementedError("aten::_flash_attention_forward with a sliding window on neuron; please report "
+                                  "it at the TorchNeuron issue tracker with the model that needs it")
+    if cum_seq_q is None:
+        return None, is_causal
+    return _packed_mask(cum_seq_q, cum_seq_k, q.shape[0], k.shape[0], is_causal), False
+
+
+@lower(aten._flash_attention_forward, random=True, static_scalars=True)
+def flash_attention_packed(key, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                           return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                           seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
+    if return_debug_mask or seqused_k is not None or alibi_slopes is not None or block_table is not None:
+        raise NotImplementedError("aten::_flash_attention_forward with a debug mask, seqused_k, ALiBi slopes or a "
+                                  "block table on neuron; please report it at the TorchNeuron issue tracker")
+    mask, causal = _flash_mask(q, k, cum_seq_q, cum_seq_k, is_causal, window_size_left, window_size_right)
+    _, out, logsumexp, words = _attend(key, _heads_first(q, cum_seq_q), _heads_first(k, cum_seq_k),
+                                       _heads_first(v, cum_seq_k), mask, dropout_p, causal, scale)
+    return (_flash_layout(out, cum_seq_q), logsumexp if cum_seq_q is None else logsumexp[0],
+            words.astype(jnp.uint64), jnp.zeros((), jnp.uint64), jnp.zeros((0,), q.dtype))
+
+
+@lower(aten._flash_attention_backward, static_scalars=True)
+def flash_attention_packed_backward(grad, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                    is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                                    window_size_right=None):
+    mask, causal = _flash_mask(q, k, cum_seq_q, cum_seq_k, is_causal, window_size_left, window_size_right)
+    _, d_q, d_k, d_v, _ = _attend_backward(
+        _heads_first(grad, cum_seq_q), _heads_first(q, cum_seq_q), _heads_first(k, cum_seq_k),
+        _heads_first(v, cum_seq_k), mask, False, _heads_first(out, cum_seq_q),
+        logsumexp if cum_seq_q is None else logsumexp[None], dropout_p, causal, rng_state.astype(jnp.uint32), scale)
+    return _flash_layout(d_q, cum_seq_q), _flash_layout(d_k, cum_seq_k), _flash_layout(d_v, cum_seq_k)
+
+
 def _from_key_blocks(layout, blocks, like):
     x = jnp.moveaxis(blocks, 0, -3)
     return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., : layout.keys, :].astype(like.dtype)

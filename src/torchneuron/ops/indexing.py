@@ -10,7 +10,7 @@ from . import checks
 from ..runtime.dtypes import to_torch
 from .promotion import cast, scalar_type_name
 from .reductions import running_sum
-from .registry import META, Prefix, checked_meta, lower, rows_kept
+from .registry import META, Prefix, checked_meta, lower, meta_kernel, rows_kept
 from .shape import OVERLAPPING_WRITE
 
 aten = torch.ops.aten
@@ -456,3 +456,32 @@ def repeat_interleave(repeats, *, output_size=None):
 @functools.partial(jax.jit, static_argnums=1)
 def _repeated_positions(repeats, length):
     return jnp.repeat(jnp.arange(repeats.size, dtype=repeats.dtype), repeats, total_repeat_length=length)
+
+
+# Nested (jagged) tensors' conversions between their packed values (total, ...) and a padded batch
+# (batch, longest, ...), whose rows each sequence of `offsets` fills from its start.
+
+@lower(aten._jagged_to_padded_dense_forward)
+def jagged_to_padded(values, offsets, max_lengths, padding_value=0.0):
+    (starts,), (longest,) = offsets, max_lengths
+    lengths = starts[1:] - starts[:-1]
+    positions = jnp.arange(longest)
+    rows = jnp.clip(starts[:-1, None] + positions, 0, max(values.shape[0] - 1, 0))
+    kept = (positions < lengths[:, None]).reshape(lengths.shape + (longest,) + (1,) * (values.ndim - 1))
+    return jnp.where(kept, values[rows], jnp.asarray(padding_value, values.dtype))
+
+
+@meta_kernel(aten._padded_dense_to_jagged_forward.default)
+def _packed_rows(dense, offsets, total_L=None):
+    if total_L is None:
+        raise NotImplementedError("aten::_padded_dense_to_jagged_forward without total_L on neuron: its length "
+                                  "would be read from the device; pass total_L (nested tensors' own ops do)")
+    return dense.new_empty((total_L, *dense.shape[2:]))
+
+
+@lower(aten._padded_dense_to_jagged_forward)
+def padded_to_jagged(dense, offsets, total_L=None):
+    (starts,) = offsets
+    rows = jnp.arange(total_L)
+    sequence = jnp.clip(jnp.searchsorted(starts, rows, side="right") - 1, 0, dense.shape[0] - 1)
+    return dense[sequence, jnp.clip(rows - starts[sequence], 0, dense.shape[1] - 1)]
