@@ -658,6 +658,8 @@ def applied() -> dict:
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),
+        "jagged_attention_on_neuron_takes_flash_attention": getattr(
+            importlib.import_module("torch.nested._internal.sdpa")._select_sdp_backend, "neuron_patched", False),
         "dynamo_traces_our_wrappers_of_traced_functions": all(
             getattr(getattr(owner, name), "neuron_patched", False) for owner, name in _TRACED_WRAPPERS),
         "meta_kernel_where_pytorch_has_none": all(

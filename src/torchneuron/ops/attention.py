@@ -225,7 +225,7 @@ def flash_attention_backward(grad, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k
 # Flash attention's own op (`_flash_attention_forward`), which nested (jagged) tensors' attention calls: its
 # inputs are (batch, sequence, heads, dim), or with cumulative sequence lengths every sequence packed into
 # (total, heads, dim), attended as one batch row that a mask keeps within each sequence (causal from each
-# sequence's start, as the CPU's math path of nested tensors attends).
+# sequence's start, as dense attention of each sequence on its own is).
 
 def _sequence_positions(cum_seq, total):
     """Each packed position's sequence and its place in that sequence."""
