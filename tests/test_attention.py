@@ -307,6 +307,10 @@ def test_jagged_nested_tensors_pad_and_unpad_on_the_device():
     fallback.reset()
     for on_neuron, on_cpu in zip(run("neuron"), run("cpu")):
         torch.testing.assert_close(on_neuron, on_cpu)
+    # the op itself without total_L: the packed length is read from the offsets, as CUDA's kernel reads it
+    dense, offsets = torch.randn(3, 5, 2), torch.tensor([0, 2, 7, 10])
+    packed = torch.ops.aten._padded_dense_to_jagged_forward(dense.to("neuron"), [offsets.to("neuron")])
+    assert torch.equal(packed.cpu(), torch.ops.aten._padded_dense_to_jagged_forward(dense, [offsets]))
     assert fallback.report() == {}
 
 

@@ -121,6 +121,16 @@ _CPP_NAMES = {
 }
 
 
+@handles(aten._padded_dense_to_jagged_forward.default)
+def padded_to_jagged(func, args, kwargs):
+    """Without total_L the packed length is the last offset, read from the device (a synchronisation, as CUDA's
+    kernel reads it); with it (nested tensors' own ops pass it), an ordinary computation."""
+    dense, offsets, *rest = args
+    if (rest[0] if rest else kwargs.get("total_L")) is None:
+        args, kwargs = (dense, offsets), {**kwargs, "total_L": int(offsets[0][-1])}
+    return _computation(func)(func, args, kwargs)
+
+
 @handles(aten.lift_fresh.default, aten.lift_fresh_copy.default)
 def lift_fresh(func, args, kwargs):
     """A tensor made from data (`torch.tensor([], device="neuron")`) in a function Dynamo traces is made for real,

@@ -474,8 +474,9 @@ def jagged_to_padded(values, offsets, max_lengths, padding_value=0.0):
 @meta_kernel(aten._padded_dense_to_jagged_forward.default)
 def _packed_rows(dense, offsets, total_L=None):
     if total_L is None:
-        raise NotImplementedError("aten::_padded_dense_to_jagged_forward without total_L on neuron: its length "
-                                  "would be read from the device; pass total_L (nested tensors' own ops do)")
+        # eager reads it from the offsets first (eager/handlers.py); a graph would need it as a data-dependent size
+        raise NotImplementedError("aten::_padded_dense_to_jagged_forward without total_L under torch.compile on "
+                                  "neuron; pass total_L (nested tensors' own ops do)")
     return dense.new_empty((total_L, *dense.shape[2:]))
 
 
