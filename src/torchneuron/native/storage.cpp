@@ -193,22 +193,34 @@ c10::DeviceIndex device_of_pointer(const void* pointer) {
   return static_cast<c10::DeviceIndex>((address & ~kBase) >> kDeviceShift);
 }
 
-void* storage_address(py::handle owner) {
+namespace {
+
+// the Storage's data pointer, given one now (for `nbytes` on device `index`) if it has none
+void* address_or_new(py::handle owner, size_t nbytes, c10::DeviceIndex index) {
   auto given = get(owner, names().address);
   if (!given.is_none()) {
     return PyLong_AsVoidPtr(given.ptr());
   }
-  auto* address = new_address(nbytes_of(owner), device_index_of(owner));
+  auto* address = new_address(nbytes, index);
   set_address(owner, address);
   return address;
+}
+
+} // namespace
+
+void* storage_address(py::handle owner) {
+  return address_or_new(owner, nbytes_of(owner), device_index_of(owner));
 }
 
 c10::Storage native_storage(py::handle owner) {
   if (auto impl = living_native(owner)) {
     return c10::Storage(std::move(impl));
   }
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes_of(owner),
-                       owned_data_ptr(storage_address(owner), owner, device_index_of(owner)), &allocator,
+  // every op's output takes this path once: each attribute is read once
+  auto nbytes = nbytes_of(owner);
+  auto index = device_index_of(owner);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       owned_data_ptr(address_or_new(owner, nbytes, index), owner, index), &allocator,
                        /*resizable=*/true);
   refer_weakly(owner, storage.unsafeGetStorageImpl());
   return storage;
