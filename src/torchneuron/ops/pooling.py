@@ -386,20 +386,22 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
         from .rules import decomposed
 
         return decomposed(aten.grid_sampler_2d.default)(x, grid, interpolation_mode, padding_mode, align_corners)
-    # in the input's dtype, as the CPU computes (half-precision grids move the sampled positions)
+    # half precision computes in float32, as CUDA's kernel does: XLA keeps a fused program's half-precision
+    # intermediates in float32 anyway, so the CPU's rounding at each step cannot be matched
+    dtype, x, grid = x.dtype, opmath(x), opmath(grid)
     # the grid's last axis is (x, y, z): the input's spatial dims reversed
     positions = [_source_coordinate(grid[..., -1 - d], size, padding_mode, align_corners)
                  for d, size in enumerate(x.shape[2:])]
     if interpolation_mode == 1:
         nearest = [jnp.round(p).astype(jnp.int32) for p in positions]
-        return _grid_gather(x, nearest, jnp.ones_like(positions[0]))
+        return _grid_gather(x, nearest, jnp.ones_like(positions[0])).astype(dtype)
     low = [jnp.floor(p) for p in positions]
     out = 0
     for corner in np.ndindex(*(2,) * len(positions)):
         weight = functools.reduce(jnp.multiply, [
             (p - lo) if c else (lo + 1 - p) for p, lo, c in zip(positions, low, corner)])
         out = out + _grid_gather(x, [(lo + c).astype(jnp.int32) for lo, c in zip(low, corner)], weight)
-    return out
+    return out.astype(dtype)
 
 
 # --- backwards: the vjp of the forward lowering -----------------------------------------------
