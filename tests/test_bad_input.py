@@ -70,8 +70,12 @@ def _x(d):
         lambda d: torch.nonzero(_x(d), out=torch.empty(0, 1, dtype=torch.int32, device=d)),
         lambda d: torch.masked_select(_x(d), _x(d) > 0, out=torch.empty(0, dtype=torch.int64, device=d)),
         lambda d: torch.max(_x(d), 0, out=(torch.empty(0, device=d), torch.empty(0, dtype=torch.int32, device=d))),
+        lambda d: torch.multinomial(_x(d).abs(), 1, out=torch.empty(0, dtype=torch.int32, device=d)),
+        lambda d: torch.linalg.matrix_rank(torch.eye(2, device=d), out=torch.empty(0, dtype=torch.bool, device=d)),
+        lambda d: torch.abs(_x(d) * 1j, out=torch.empty(0, dtype=torch.int64, device=d)),
     ],
-    ids=["neg-float64", "neg-int64", "sin-int64", "add-int32", "nonzero-int32", "masked_select-int64", "max-int32"],
+    ids=["neg-float64", "neg-int64", "sin-int64", "add-int32", "nonzero-int32", "masked_select-int64", "max-int32",
+         "multinomial-int32", "matrix_rank-bool", "abs-complex-int64"],
 )
 def test_out_of_a_dtype_the_cpu_kernel_refuses_raises(bad):
     raises_like_cpu(bad)
@@ -82,6 +86,22 @@ def test_out_of_a_dtype_the_cpu_kernel_accepts_is_written_in_it():
         out = torch.empty(2, dtype=torch.float64, device=device)
         assert torch.add(_x(device), 1, out=out) is out
         assert out.dtype == torch.float64 and out.cpu().tolist() == [2.0, -1.0]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.complex64, torch.float64, torch.float16])
+def test_absolute_value_of_complex_is_cast_into_the_out_dtype_as_the_cpu(out_dtype):
+    """PyTorch's reference kernel wants float32 exactly; the CPU's casts the result into any out it can."""
+    x = torch.tensor([3 + 4j, 1 - 1j])
+    expected = torch.abs(x, out=torch.empty(0, dtype=out_dtype))
+    assert_same(torch.abs(x.to("neuron"), out=torch.empty(0, dtype=out_dtype, device="neuron")), expected)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.bool, torch.float64])
+def test_bernoulli_draws_into_an_out_of_any_dtype_as_the_cpu(out_dtype):
+    p = torch.tensor([0.0, 1.0, 0.0, 1.0], device="neuron")
+    out = torch.empty(0, dtype=out_dtype, device="neuron")
+    assert torch.bernoulli(p, out=out) is out
+    assert out.dtype == out_dtype and out.cpu().tolist() == torch.tensor([0, 1, 0, 1]).to(out_dtype).tolist()
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import sys
 import torch
 
 from .runtime import events
+from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
 from .runtime.tensor import NeuronTensor
 
@@ -441,6 +442,8 @@ def matrix_rank_out_writes_its_out() -> None:
 
         def write_out(*args, out, compute=compute, **kwargs):
             value = compute(*args, **kwargs)
+            torch._check(torch.can_cast(value.dtype, out.dtype), lambda: "torch.linalg.matrix_rank: Expected result "
+                         f"to be safely castable from Long dtype, but got result with dtype {scalar_type_name(out.dtype)}")
             return torch._refs._maybe_resize_out(out, value.shape).copy_(value)
 
         library.impl(f"linalg_matrix_rank.{out_overload}", write_out, "AutogradPrivateUse1")

@@ -9,10 +9,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..ops import registry
 from ..ops.indexing import masked_rows
-from ..ops.promotion import scalar_type_name
 from ..ops.rules import rule
 from ..runtime import storage, sync, transfer
-from ..runtime.dtypes import convert_to, to_torch
+from ..runtime.dtypes import convert_to, scalar_type_name, to_torch
 from ..runtime.layout import contiguous_strides, storage_extent
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import cpu_dtypes, out_dtypes, transfers, views

@@ -5,9 +5,9 @@ import jax.scipy.special as special
 import torch
 from jax import lax
 
-from ..runtime.dtypes import convert
-from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, opmath, promote, scalar_type_name
-from .registry import META, checked_meta, lower
+from ..runtime.dtypes import convert, scalar_type_name
+from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, opmath, promote
+from .registry import META, checked_meta, lower, meta_casting_into_out
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -253,6 +253,8 @@ def view_as_complex(x):
 # out= overloads have no lowering of their own, only these checks
 META[aten.complex.out] = _complex_meta(aten.complex.out)
 META[aten.polar.out] = _complex_meta(aten.polar.out)
+# a complex input's absolute value is cast into any out tensor the CPU accepts, complex included
+META[aten.abs.out] = meta_casting_into_out(aten.abs.default)
 
 
 @lower(aten.floor_divide)

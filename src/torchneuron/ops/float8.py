@@ -11,9 +11,8 @@ from jax import lax
 import torch
 from torch._prims_common.wrappers import _maybe_resize_out
 
-from ..runtime.dtypes import FLOAT8, convert, to_jax, to_torch
+from ..runtime.dtypes import FLOAT8, convert, scalar_type_name, to_jax, to_torch
 from . import registry
-from .promotion import scalar_type_name
 from .registry import lower
 
 aten = torch.ops.aten

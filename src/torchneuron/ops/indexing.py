@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import torch
 
 from . import checks
-from ..runtime.dtypes import to_torch
-from .promotion import cast, scalar_type_name
+from ..runtime.dtypes import scalar_type_name, to_torch
+from .promotion import cast
 from .reductions import running_sum
 from .registry import META, Prefix, checked_meta, lower, meta_kernel, rows_kept
 from .shape import OVERLAPPING_WRITE

@@ -9,12 +9,12 @@ import torch
 from jax import lax
 from torch._prims_common import canonicalize_dim
 
-from ..runtime.dtypes import to_torch
+from ..runtime.dtypes import scalar_type_name, to_torch
 from ..runtime.layout import conv_memory_format
 from . import checks
 from .rules import decomposed, lowering_for, vjp
 from .pooling import per_dim, window_slice
-from .promotion import accumulation_type, cast, elementwise, opmath, scalar_type_name
+from .promotion import accumulation_type, cast, elementwise, opmath
 from .registry import META, checked_meta, lower, meta_kernel, meta_like_input
 
 aten = torch.ops.aten

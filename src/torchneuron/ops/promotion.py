@@ -66,11 +66,6 @@ def elementwise(fn, kind=DEFAULT):
     return lowering
 
 
-def scalar_type_name(dtype) -> str:
-    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
-
-
 # the C++ types' names (caffe2::TypeMeta, as GCC spells them) that messages printing `tensor.dtype()` give
 _TYPE_META_NAMES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",

@@ -7,12 +7,12 @@ import torch
 from jax import lax
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
-from ..runtime.dtypes import to_jax
+from ..runtime.dtypes import scalar_type_name, to_jax
 from ..runtime.tensor import NeuronTensor
 from . import checks
-from .promotion import opmath, scalar_type_name, type_meta_name
+from .promotion import opmath, type_meta_name
 from .reductions import running_sum
-from .registry import META, checked_meta, lower, meta_kernel
+from .registry import META, checked_meta, lower, meta_casting_into_out, meta_kernel
 
 aten = torch.ops.aten
 
@@ -90,6 +90,10 @@ def bernoulli(key, x, p=None, *, generator=None):
                    "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be improved?  "
                    "If so, please report an enhancement request to PyTorch.)")
     return (jax.random.uniform(key, x.shape, jnp.float32) < probability.astype(jnp.float32)).astype(x.dtype)
+
+
+# the draws are cast into any out tensor, an integer one included
+META[aten.bernoulli.out] = meta_casting_into_out(aten.bernoulli.default)
 
 
 def _check_random_range(x, low, high=None, **kwargs):
@@ -176,6 +180,13 @@ def _multinomial_meta(probabilities, num_samples, replacement=False, **kwargs):
 
 
 META[aten.multinomial.default] = _multinomial_meta
+
+
+def _check_multinomial_out(*args, out, **kwargs):
+    torch._check(out.dtype == torch.int64, lambda: f"multinomial expects Long tensor out, got: {scalar_type_name(out.dtype)}")
+
+
+META[aten.multinomial.out] = checked_meta(_check_multinomial_out, aten.multinomial.out)
 
 
 @lower(aten.multinomial, random=True)

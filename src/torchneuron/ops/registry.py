@@ -129,6 +129,17 @@ def checked_meta(check, op):
     return meta
 
 
+def meta_casting_into_out(functional):
+    """The meta function of an out= overload whose CPU kernel casts `functional`'s result into its out tensor,
+    where PyTorch's reference kernel wants the result's own dtype: the out tensor, resized to the result's
+    shape. Which out dtypes the CPU accepts is its kernel's to say (eager/out_dtypes.py asks it)."""
+
+    def meta(*args, out, **kwargs):
+        return torch._refs._maybe_resize_out(out, functional(*args, **kwargs).shape)
+
+    return meta
+
+
 def argument_check(op):
     """The CPU-error check `checked_meta` gave `op`'s meta function, or None."""
     return getattr(META.get(op), "check", None)

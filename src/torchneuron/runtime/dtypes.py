@@ -51,6 +51,11 @@ class UnsupportedDtype(NotImplementedError):
         )
 
 
+def scalar_type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype ("Float", "Int"), as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
 def to_jax(dtype: torch.dtype):
     try:
         return _TORCH_TO_JAX[dtype]
