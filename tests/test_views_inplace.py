@@ -272,3 +272,11 @@ def test_module_dtype_conversions_on_the_device(convert):
     out = neuron(x.to("neuron"))
     assert out.dtype == cpu.weight.dtype and neuron.weight._storage.dtype == cpu.weight.dtype
     assert_same(out.detach(), cpu(x).detach(), atol=1e-2, rtol=1e-2)
+
+
+def test_as_strided_copy_of_a_strided_view_counts_in_its_storage_as_the_cpu():
+    def strided_copy(device):
+        base = torch.arange(18.0, device=device).reshape(3, 6)
+        return torch.as_strided_copy(base[:, ::2], (2, 2), (1, 2), 1)
+
+    assert_same(strided_copy("neuron"), strided_copy("cpu"))

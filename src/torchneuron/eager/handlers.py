@@ -130,6 +130,13 @@ def padded_to_jagged(func, args, kwargs):
     return _computation(func)(func, args, kwargs)
 
 
+@handles(aten.as_strided_copy.default)
+def as_strided_copy(func, args, kwargs):
+    """Strides and offset count in the input's storage, as the view's do (the lowering, for graphs, counts them
+    in its values: functionalization gives it a contiguous base)."""
+    return aten.as_strided.default(*args, **kwargs).clone(memory_format=torch.contiguous_format)
+
+
 @handles(aten.lift_fresh.default, aten.lift_fresh_copy.default)
 def lift_fresh(func, args, kwargs):
     """A tensor made from data (`torch.tensor([], device="neuron")`) in a function Dynamo traces is made for real,
