@@ -209,6 +209,44 @@ def test_memory_accounting():
     assert stats["allocated_bytes.all.current"] == base
 
 
+def test_per_process_memory_fraction_refuses_storages_past_it_as_cuda():
+    torch.neuron.synchronize()
+    held = torch.neuron.memory_allocated()
+    total = torch.neuron.mem_get_info()[1]
+    mib = 2 ** 20
+    torch.neuron.set_per_process_memory_fraction((held + 9 * mib) / total)
+    try:
+        assert torch.neuron.get_per_process_memory_fraction() == (held + 9 * mib) / total
+        x = torch.ones(mib, device="neuron")  # 4 MiB
+        ooms = torch.neuron.memory_stats()["num_ooms"]
+        with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
+            torch.ones(2 * mib, device="neuron")  # a factory's 8 MiB
+        with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 8.00 MiB"):
+            torch.cat([x, x])  # an op's 8 MiB result
+        assert torch.neuron.memory_stats()["num_ooms"] == ooms + 2
+        assert torch.neuron.memory_allocated() == held + 4 * mib  # what was refused is given back
+        del x
+        y = torch.ones(2 * mib, device="neuron")  # freed memory counts again
+        assert y.sum().item() == 2 * mib
+        del y
+    finally:
+        torch.neuron.set_per_process_memory_fraction(1.0)
+    x = torch.ones(4 * mib, device="neuron")
+    assert torch.neuron.get_per_process_memory_fraction() == 1.0
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(1.5)
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.neuron.set_per_process_memory_fraction(1)
+
+
+def test_cuda_functions_that_ask_about_capture_and_peers():
+    torch.neuron.init()
+    assert torch.neuron.is_current_stream_capturing() is False
+    assert torch.neuron.can_device_access_peer(0, 1) and torch.neuron.can_device_access_peer("neuron:1", 0)
+    with pytest.raises(AssertionError, match="Invalid peer device id"):
+        torch.neuron.can_device_access_peer(0, torch.neuron.device_count())
+
+
 def test_empty_cache_keeps_executables_and_clear_executable_cache_drops_them():
     x = torch.ones(3, device="neuron")
     x + 1

@@ -33,6 +33,23 @@ def _lazy_init() -> None:
     return None
 
 
+def init() -> None:
+    """torch.cuda.init's counterpart: the device is ready once torchneuron is imported."""
+
+
+def is_current_stream_capturing() -> bool:
+    """False: there is no stream capture (CUDA graphs); a compiled program is neuron's captured graph."""
+    return False
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """Whether tensors move directly between the two devices: any two neuron devices of this process can."""
+    for index in (_index(device), _index(peer_device)):
+        if not 0 <= index < device_count():
+            raise AssertionError("Invalid device id" if index == _index(device) else "Invalid peer device id")
+    return True
+
+
 def _is_in_bad_fork() -> bool:
     return False
 
@@ -275,6 +292,20 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         double_rule,
     ]
     return "\n".join(lines) + "\n"
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Limit what this process may hold on the device to `fraction` of its total memory, as torch.cuda's: a
+    storage past it raises torch.OutOfMemoryError. On XLA:CPU the total is the host's memory."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _memory().set_limit(_index(device), fraction)
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    return _memory().account(_index(device)).fraction
 
 
 def mem_get_info(device=None):

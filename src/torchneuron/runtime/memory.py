@@ -14,25 +14,42 @@ from .platform import jax_device
 class Account:
     """Bytes held now and at the peak; since the last reset of the accumulated statistics, the allocations
     made, their bytes, and the allocations refused. Freed bytes follow from these (see `freed_bytes`), so
-    a storage's death updates one figure."""
+    a storage's death updates one figure. `limit`: the bytes this process may hold on the device
+    (torch.neuron.set_per_process_memory_fraction), or None."""
 
-    __slots__ = ("allocated", "peak", "allocations", "allocated_total", "allocated_at_reset", "ooms")
+    __slots__ = ("device_index", "allocated", "peak", "allocations", "allocated_total", "allocated_at_reset", "ooms",
+                 "limit", "fraction", "threshold")
 
-    def __init__(self):
+    def __init__(self, device_index: int):
+        self.device_index = device_index
         self.allocated = 0
         self.peak = 0
         self.allocations = 0
         self.allocated_total = 0
         self.allocated_at_reset = 0
         self.ooms = 0  # allocations refused for lack of device memory
+        self.limit = None
+        self.fraction = 1.0
+        self.threshold = 0  # the lesser of peak and limit: only an allocation past it needs a look
 
     def allocate(self, nbytes: int) -> None:
-        """One allocation of `nbytes` (a new storage, or the new size of a resized one)."""
+        """One allocation of `nbytes` (a new storage, or the new size of a resized one). One past the limit is
+        counted, then refused: the storage that asked gives it back when it dies."""
         self.allocations += 1
         self.allocated_total += nbytes
         self.allocated += nbytes
-        if self.allocated > self.peak:
-            self.peak = self.allocated
+        if self.allocated > self.threshold:
+            if self.limit is not None and self.allocated > self.limit:
+                self.ooms += 1
+                raise torch.OutOfMemoryError(
+                    f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). This process may "
+                    f"hold {size_text(self.limit)} of neuron:{self.device_index} (set_per_process_memory_fraction) "
+                    f"and PyTorch holds {size_text(self.allocated - nbytes)} of it.")
+            self.peak = max(self.peak, self.allocated)
+            self.update_threshold()
+
+    def update_threshold(self) -> None:
+        self.threshold = self.peak if self.limit is None else min(self.peak, self.limit)
 
     def freed_bytes(self) -> int:
         """Bytes freed since the last reset of the accumulated statistics."""
@@ -45,7 +62,7 @@ class Account:
 
 class _Accounts(dict):
     def __missing__(self, device_index: int) -> Account:
-        self[device_index] = account = Account()
+        self[device_index] = account = Account(device_index)
         return account
 
 
@@ -59,6 +76,14 @@ def account(device_index: int) -> Account:
 def reset_peak(device_index: int) -> None:
     a = accounts[device_index]
     a.peak = a.allocated
+    a.update_threshold()
+
+
+def set_limit(device_index: int, fraction: float) -> None:
+    """The bytes this process may hold on the device: `fraction` of its total, as CUDA's allocator limits it."""
+    a = accounts[device_index]
+    a.fraction, a.limit = fraction, int(fraction * free_and_total(device_index)[1])
+    a.update_threshold()
 
 
 def reset_accumulated(device_index: int) -> None:
