@@ -522,6 +522,19 @@ def test_views_of_intermediates_are_views_as_in_eager(f, training, dynamic):
         torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("f", [lambda a: torch.chunk(a, 2), lambda a: torch.chunk(a * 2, 2, 1),
+                               lambda a: torch.chunk(a, 2)[1].unbind(1)], ids=["input", "intermediate", "unbind"])
+def test_views_from_a_list_of_views_keep_their_storage_offsets(f, dynamic):
+    """chunk's second piece starts at its offset under `dynamic=True` too, as in eager: its split size being
+    symbolic, AOTAutograd rebuilt it from the graph's output, a buffer of its own at offset 0 (wrong values)."""
+    x = torch.randn(5, 4, 3)
+    expected, got = f(x), torch.compile(f, backend="neuron", dynamic=dynamic)(x.to("neuron"))
+    assert [(g.stride(), g.storage_offset()) for g in got] == [(e.stride(), e.storage_offset()) for e in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e)
+
+
 def test_outputs_viewing_another_output_alias_it():
     """`y, y[1:]` returned by a compiled function share one storage, as in eager: a write through one shows in
     the other (they were two buffers)."""

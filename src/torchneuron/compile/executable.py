@@ -8,6 +8,7 @@ specialised: a new signature (tensor views, or the values of symbolic-size
 inputs under dynamic=True) builds and counts a new program.
 """
 import hashlib
+import operator
 
 import jax
 import numpy as np
@@ -229,7 +230,12 @@ def _output_views(leaves, placeholders, mutated, aliases, saved):
 
     for j, leaf in enumerate(leaves):
         chain, node = [], leaf
-        while _is_static_view(node):
+        while True:
+            if _is_item_of_views(node):  # one view of a split's, an unbind's: the op, then the item
+                chain.append((_ITEM, (node.args[1],), {}))
+                node = node.args[0]
+            elif not _is_static_view(node):
+                break
             chain.append((node.target.name(), *pytree.tree_map(size_results, (node.args[1:], node.kwargs))))
             node = node.args[0]
         if not chain or j in aliases:
@@ -268,6 +274,22 @@ def _is_static_view(node) -> bool:
         return False
     return all(_is_backed_size(a) for a in pytree.tree_leaves((node.args[1:], node.kwargs))
                if isinstance(a, torch.fx.Node))
+
+
+def _is_item_of_views(node) -> bool:
+    """`getitem(views, i)` of an op returning a list of views of its first argument (split, unbind, chunk)."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem):
+        return False
+    source = node.args[0]
+    return _is_static_view(source) and isinstance(source.target._schema.returns[0].type, torch.ListType)
+
+
+# a view chain's step taking one view of a list of them, by its name as a precompiled function pickles it
+_ITEM = "getitem"
+
+
+def _view_op(name):
+    return operator.getitem if name == _ITEM else lookup_op(name)
 
 
 def _is_backed_size(node) -> bool:
@@ -432,7 +454,7 @@ class _Program:
         statics = [None if isinstance(a, torch.Tensor) else a for a in args]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
         self.aliases = aliases = graph.out_aliases
-        views = {j: (base, [(lookup_op(name), *arguments) for name, *arguments in chain])
+        views = {j: (base, [(_view_op(name), *arguments) for name, *arguments in chain])
                  for j, (base, chain) in graph.out_views.items()}
         self.n_outputs = len(sources) - len(graph.hidden_bases)
         mutated_inputs = [k for k, i in enumerate(positions) if i in graph.mutated]
