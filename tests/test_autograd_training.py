@@ -183,3 +183,14 @@ def test_forward_mode_ad_on_the_device():
             tangents[device] = fwAD.unpack_dual((dual.sin() * 2).exp()).tangent
     assert_same(tangents["neuron"], tangents["cpu"])
     assert torchneuron.fallback_report() == {}
+
+
+def test_jvp_through_an_in_place_lerp_as_quantile_makes_it():
+    """lerp_'s meta kernel (PyTorch's) formats its arguments while matching overloads, which fails inside
+    forward-mode AD; quantile interpolates with lerp_."""
+    x, q = torch.randn(7, dtype=torch.float64), torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    tangent = torch.linspace(-1, 1, 7, dtype=torch.float64)
+    expected = torch.func.jvp(lambda t: torch.quantile(t, q), (x,), (tangent,))
+    got = torch.func.jvp(lambda t: torch.quantile(t, q.to("neuron")), (x.to("neuron"),), (tangent.to("neuron"),))
+    for g, e in zip(got, expected):
+        assert_same(g, e)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import jax.scipy.special as special
 import torch
 from jax import lax
+from torch._meta_registrations import check_inplace_broadcast
 
 from ..runtime.dtypes import convert, scalar_type_name
 from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, opmath, promote
@@ -346,6 +347,19 @@ def masked_fill(x, mask, value):
 def lerp(start, end, weight):
     (start, end, weight), result = promote(start, end, weight)
     return (start + weight * (end - start)).astype(result)
+
+
+def _lerp_inplace_meta(overload):
+    """PyTorch's meta kernel of lerp_ calls the `lerp` overload packet, whose matching formats each argument an
+    overload rejects: inside forward-mode AD (jvp of quantile) formatting a tensor fails. The overload itself."""
+    def meta(x, end, weight):
+        check_inplace_broadcast(x.shape, overload(x, end, weight).shape)
+        return x
+    return meta
+
+
+META[aten.lerp_.Scalar] = _lerp_inplace_meta(aten.lerp.Scalar)
+META[aten.lerp_.Tensor] = _lerp_inplace_meta(aten.lerp.Tensor)
 
 
 @lower(aten.addcmul)
