@@ -655,6 +655,26 @@ def test_a_cpu_out_tensor_for_a_data_dependent_op_raises(bad):
 
 
 @pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: torch.linalg.lstsq(torch.eye(3, device="neuron"), torch.ones(3, 2)),
+        lambda: torch.masked_select(_x("neuron"), torch.tensor([True, False])),
+    ],
+    ids=["lstsq", "masked_select"],
+)
+def test_a_data_dependent_op_refuses_a_cpu_tensor_argument(bad):
+    """As CUDA's kernels do (lstsq raised numpy's TypeError from its dtype check's message)."""
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two "
+                                           "devices, neuron:0 and cpu!"):
+        bad()
+
+
+def test_a_data_dependent_op_takes_a_cpu_scalar_tensor_as_cuda_does():
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert_same(torch.masked_select(x.to("neuron"), torch.tensor(True)), torch.masked_select(x, torch.tensor(True)))
+
+
+@pytest.mark.parametrize(
     "write",
     [
         lambda cpu_scalar, x: cpu_scalar.add_(x),

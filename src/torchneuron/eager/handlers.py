@@ -324,7 +324,14 @@ def _on_values(fn, args, kwargs):
     """`fn` of the tensors' values as concrete arrays, its results as tensors."""
     if sync.debug_mode:
         sync.host_read()  # the results' shapes wait for the values
-    tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
+    tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if any(type(t) is not NeuronTensor for t in tensors):
+        # as in a compiled op: a 0-dim CPU tensor is brought over, any other device's refused
+        on_device = list(tensors)
+        transfers.bring_to_device(on_device)
+        brought = {id(t): b for t, b in zip(tensors, on_device)}
+        args, kwargs = tree_map(lambda v: brought.get(id(v), v), (args, kwargs))
+        tensors = on_device
     device_index, carried_complex = tensors[0].device.index, _carried_complex(tensors)
     concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
     out = fn(*concrete[0], **concrete[1])

@@ -9,6 +9,7 @@ import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
+from ..runtime.dtypes import scalar_type_name, to_torch
 from . import registry
 from .checks import require
 from .registry import lower
@@ -586,15 +587,13 @@ _LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
 
 def _check_lstsq(a, b, driver):
     """PyTorch's argument checks (linalg_lstsq has no meta kernel)."""
-    from ..runtime.dtypes import to_torch
-
     name = "torch.linalg.lstsq"
     torch._check(a.ndim >= 2, lambda: f"{name}: input must have at least 2 dimensions.")
     torch._check(b.ndim >= 1, lambda: f"{name}: other must have at least 1 dimension.")
     torch._check(
         a.dtype == b.dtype,
         lambda: f"{name}: Expected input and other to have the same dtype, but got input's dtype "
-        f"{to_torch(a.dtype)} and other's dtype {to_torch(b.dtype)}",
+        f"{scalar_type_name(to_torch(a.dtype))} and other's dtype {scalar_type_name(to_torch(b.dtype))}",
     )
     torch._check(jnp.issubdtype(a.dtype, jnp.inexact), lambda: "This function doesn't handle types other than float and double")
     torch._check(
