@@ -336,3 +336,22 @@ def test_host_copies_are_resizable_as_cpu_tensors_are():
         assert host.untyped_storage().resizable()
         host.resize_(5)
         assert host[:3].tolist() == torch.ones(3, dtype=dtype).tolist()
+
+
+def test_storages_move_to_the_device_as_cuda_storages_do():
+    """`storage.neuron()`, `is_neuron` and TypedStorage's, as PyTorch generates them for torch.cuda's."""
+    x = torch.arange(6.0)
+    moved = x.untyped_storage().neuron(1)
+    assert moved.is_neuron and not x.untyped_storage().is_neuron and moved.device == torch.device("neuron:1")
+    assert moved.neuron(1) is moved and moved.neuron(0).device == torch.device("neuron:0")
+    assert torch.tensor([], device="neuron:1").set_(moved, 0, (6,), (1,)).cpu().tolist() == x.tolist()
+    typed = x.storage().neuron()
+    assert typed.device == torch.device("neuron:0") and typed.dtype == torch.float32 and typed.tolist() == x.tolist()
+
+
+def test_pinning_a_device_tensor_is_refused_as_for_a_cuda_tensor():
+    """It ran on the CPU as a fallback and came back a device tensor."""
+    x = torch.ones(3, device="neuron")
+    assert not x.is_pinned()
+    with pytest.raises(RuntimeError, match="cannot pin 'torch.neuron.FloatTensor' only dense CPU tensors can be pinned"):
+        x.pin_memory()

@@ -76,7 +76,7 @@ def register() -> None:
     # what _setup_privateuseone_for_python_backend does, with the native guard and hooks in place of
     # torch._C._acc's Python ones (docs/native.md says why)
     torch.utils.rename_privateuse1_backend("neuron")
-    torch.utils.generate_methods_for_privateuse1_backend()
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("neuron", module)
     native.install(platform.device_count, module.synchronize, module._all_ready, storage.resize_native)
     sys.modules["torch.neuron"] = module

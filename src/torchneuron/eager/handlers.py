@@ -203,6 +203,12 @@ def is_pinned(func, args, kwargs):
     return False
 
 
+@handles(aten._pin_memory.default)
+def pin_memory(func, args, kwargs):
+    """The CPU's refusal, as for a CUDA tensor: only host memory is pinned (it ran on the CPU as a fallback)."""
+    raise RuntimeError(f"cannot pin '{args[0].type()}' only dense CPU tensors can be pinned")
+
+
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
     tensor, size = args[0], tuple(args[1])
