@@ -529,6 +529,8 @@ REFUSED_DTYPES = {
     "ceil-bool": lambda d: torch.ones(2, dtype=torch.bool, device=d).ceil(),
     "soft_margin_loss-int": lambda d: F.soft_margin_loss(torch.ones(2, dtype=torch.long, device=d),
                                                          torch.ones(2, dtype=torch.long, device=d)),
+    "sub-python-bool": lambda d: torch.ones(2, device=d) - True,
+    "rsub-python-bool": lambda d: True - torch.ones(2, device=d),
     "lt-complex-compiled": lambda d: torch.compile(torch.lt, backend="neuron" if d == "neuron" else "inductor")(
         _complex_pair(d), _complex_pair(d)),
 }

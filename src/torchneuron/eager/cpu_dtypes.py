@@ -45,9 +45,22 @@ _INTEGERS_ONLY = {torch.ops.aten.gcd, torch.ops.aten.gcd_, torch.ops.aten.lcm, t
 _accepted = set()
 
 
-def _dtypes(args, kwargs) -> tuple:
-    return tuple(v.dtype if isinstance(v, torch.Tensor) else v for v in tree_leaves((args, kwargs))
-                 if isinstance(v, (torch.Tensor, torch.dtype)))
+def _dtypes(func, args, kwargs) -> tuple:
+    """The tensors' dtypes, the dtypes given, and bool for a Python bool given as an operand (`x - True` is
+    refused as `x - mask` is; a flag such as keepdim is none)."""
+    dtypes = tuple(v.dtype if isinstance(v, torch.Tensor) else v for v in tree_leaves((args, kwargs))
+                   if isinstance(v, (torch.Tensor, torch.dtype)))
+    return dtypes + (torch.bool,) if _bool_scalar(func, args, kwargs) else dtypes
+
+
+def _bool_scalar(func, args, kwargs) -> bool:
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return False
+    given = [*zip(schema.arguments, args), *((a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs)]
+    # a Python number where a Tensor is declared is a wrapped scalar (`x - True` reaches sub.Tensor)
+    return any(type(value) is bool and isinstance(argument.type, (torch.NumberType, torch.TensorType))
+               for argument, value in given)
 
 
 def _tensor_dtypes(args, kwargs) -> list:
@@ -56,7 +69,7 @@ def _tensor_dtypes(args, kwargs) -> list:
 
 def refusal(func, args, kwargs):
     """The CPU kernel's error if it refuses the dtypes of these (meta) arguments, else None."""
-    dtypes = _dtypes(args, kwargs)
+    dtypes = _dtypes(func, args, kwargs)
     cuda_takes = _CUDA_TAKES_MORE.get(func.overloadpacket)
     mixed_floats = (func.overloadpacket in _MIXED_FLOATS_ASKED
                     and len({d for d in _tensor_dtypes(args, kwargs) if d.is_floating_point}) > 1)
@@ -80,7 +93,7 @@ def check(func, args, kwargs) -> None:
 def check_once_per_dtypes(func, args, kwargs) -> None:
     """`check` for ops run without a cached executable (data-dependent shapes): asked once per op and
     dtypes, not on every call, once the CPU accepted them."""
-    key = (func, _dtypes(args, kwargs))
+    key = (func, _dtypes(func, args, kwargs))
     if key not in _accepted:
         check(func, args, kwargs)
         _accepted.add(key)
