@@ -44,9 +44,10 @@ def is_current_stream_capturing() -> bool:
 
 def can_device_access_peer(device, peer_device) -> bool:
     """Whether tensors move directly between the two devices: any two neuron devices of this process can."""
-    for index in (_index(device), _index(peer_device)):
-        if not 0 <= index < device_count():
-            raise AssertionError("Invalid device id" if index == _index(device) else "Invalid peer device id")
+    if not 0 <= _index(device) < device_count():
+        raise AssertionError("Invalid device id")
+    if not 0 <= _index(peer_device) < device_count():
+        raise AssertionError("Invalid peer device id")
     return True
 
 
