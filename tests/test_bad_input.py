@@ -564,6 +564,22 @@ def test_sums_and_products_accumulate_in_their_out_dtype_as_the_cpu(reduce, out_
     assert_same(reduce(x.to("neuron"), torch.empty(0, dtype=out_dtype, device="neuron")), on_cpu)
 
 
+@pytest.mark.parametrize("x, out_dtype", [(torch.tensor([1, -1, 0]), torch.bool), (torch.tensor([0.5, 0.25]), torch.float64),
+                                          (torch.tensor([0.5, 0.25]), torch.float16)])
+def test_nansum_accumulates_in_its_out_dtype_as_the_cpu(x, out_dtype):
+    """1 + (-1) summed in bool is True (it raised: int64 does not cast to bool)."""
+    expected = torch.nansum(x, 0, out=torch.empty(0, dtype=out_dtype))
+    assert_same(torch.nansum(x.to("neuron"), 0, out=torch.empty(0, dtype=out_dtype, device="neuron")), expected)
+
+
+def test_nansum_of_floats_into_an_integer_out_is_refused_as_by_the_cpu():
+    """Its float kernel takes no integer accumulation, though the same dtype given as `dtype` is taken."""
+    raises_like_cpu(lambda d: torch.nansum(torch.ones(3, device=d), 0, out=torch.empty(0, dtype=torch.int64, device=d)))
+    on_device = torch.empty(0, dtype=torch.int64, device="neuron")
+    torch.nansum(torch.full((3,), 0.5, device="neuron"), 0, dtype=torch.int64, out=on_device)
+    assert on_device.item() == torch.nansum(torch.full((3,), 0.5), 0, dtype=torch.int64).item()
+
+
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear"])
 def test_upsampling_an_empty_batch_gives_an_empty_result_as_the_cpu(mode):
     """PyTorch's meta kernels of nearest upsampling fail on it (a torch._check given an int)."""

@@ -41,6 +41,7 @@ class Compute:
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
         if self.dtype_from_out and kwargs.get("dtype") is None:
+            out_dtypes.check_accumulation(func, args, kwargs)
             kwargs = {**kwargs, "dtype": kwargs["out"].dtype}
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
         # (aliasing is part of the program), the default dtype (result dtype of float scalars, int division,

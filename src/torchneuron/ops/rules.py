@@ -85,7 +85,8 @@ def _build(op) -> OpRule:
 
 # their out= overloads accumulate in the out tensor's dtype unless given `dtype` (the structured kernels' meta
 # functions read it from the output)
-_ACCUMULATE_IN_OUT_DTYPE = {torch.ops.aten.sum, torch.ops.aten.prod, torch.ops.aten.cumsum, torch.ops.aten.cumprod}
+_ACCUMULATE_IN_OUT_DTYPE = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.prod, torch.ops.aten.cumsum,
+                            torch.ops.aten.cumprod}
 
 
 def forget() -> None:
