@@ -572,6 +572,14 @@ def test_nansum_accumulates_in_its_out_dtype_as_the_cpu(x, out_dtype):
     assert_same(torch.nansum(x.to("neuron"), 0, out=torch.empty(0, dtype=out_dtype, device="neuron")), expected)
 
 
+@pytest.mark.parametrize("power", [lambda b: b ** True, lambda b: b.pow_(True), lambda b: b.pow_(False),
+                                   lambda b: torch.pow(b, False, out=torch.empty(0, dtype=torch.bool, device=b.device))],
+                         ids=["pow", "pow_-true", "pow_-false", "pow-out"])
+def test_a_bool_tensor_to_a_bool_power_stays_bool_as_on_the_cpu(power):
+    """PyTorch's meta kernels made it int64 (and refused the in-place power)."""
+    assert_same(power(torch.tensor([True, False], device="neuron")), power(torch.tensor([True, False])))
+
+
 def test_nansum_of_floats_into_an_integer_out_is_refused_as_by_the_cpu():
     """Its float kernel takes no integer accumulation, though the same dtype given as `dtype` is taken."""
     raises_like_cpu(lambda d: torch.nansum(torch.ones(3, device=d), 0, out=torch.empty(0, dtype=torch.int64, device=d)))

@@ -311,6 +311,24 @@ def pow_(x, y):
     return jnp.where(y < 0, reciprocal, jnp.power(x, jnp.maximum(y, 0))).astype(result)
 
 
+def _bool_power_meta(op):
+    """PyTorch's meta kernels promote a bool exponent as an integer (a bool tensor to the power True is int64 by
+    them, and its in-place power refused); the CPU's result type is bool."""
+    def meta(x, exponent, **kwargs):
+        if not (x.dtype == torch.bool and type(exponent) is bool):
+            return op(x, exponent, **kwargs)
+        if op is aten.pow_.Scalar:
+            return x
+        if "out" in kwargs:
+            return torch._refs._maybe_resize_out(kwargs["out"], x.shape)
+        return torch.empty_like(x)
+    return meta
+
+
+for _op in (aten.pow.Tensor_Scalar, aten.pow_.Scalar, aten.pow.Tensor_Scalar_out):
+    META[_op] = _bool_power_meta(_op)
+
+
 @lower(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
     (x, lo, hi), result = promote(x, min, max)
