@@ -91,8 +91,8 @@ def check(func, args, kwargs) -> None:
 
 
 def check_once_per_dtypes(func, args, kwargs) -> None:
-    """`check` for ops run without a cached executable (data-dependent shapes): asked once per op and
-    dtypes, not on every call, once the CPU accepted them."""
+    """`check` before a cached executable's key (data-dependent ops, which have none; out= sums before their
+    `dtype` is filled in): asked once per op and dtypes, not on every call, once the CPU accepted them."""
     key = (func, _dtypes(func, args, kwargs))
     if key not in _accepted:
         check(func, args, kwargs)

@@ -41,7 +41,9 @@ class Compute:
         if self.random and generator is None:
             generator = generator_of(args, kwargs)
         if self.dtype_from_out and kwargs.get("dtype") is None:
-            out_dtypes.check_accumulation(func, args, kwargs)
+            # the CPU kernel may refuse to accumulate in the out tensor's dtype where it takes that `dtype` given
+            # (nansum of floats into an integer out): asked before `dtype` is filled in
+            cpu_dtypes.check_once_per_dtypes(func, args, kwargs)
             kwargs = {**kwargs, "dtype": kwargs["out"].dtype}
         # the key: the op, its arguments with tensors as slots, each tensor's view and which storage it views
         # (aliasing is part of the program), the default dtype (result dtype of float scalars, int division,

@@ -10,8 +10,6 @@ pays for it, and each signature asks once (its executable is then cached).
 import warnings
 
 import torch
-from torch.utils._pytree import tree_leaves
-
 from ..ops import registry
 from . import fallback
 
@@ -44,23 +42,6 @@ def check_with_meta(func, target, args, kwargs) -> None:
     except Exception:
         return  # the out= overload's own meta kernel reports bad input
     check(func, args, kwargs, [r.dtype for r in _tensors(results)])
-
-
-_accumulations_accepted = set()
-
-
-def check_accumulation(func, args, kwargs) -> None:
-    """An out= sum or product given no `dtype` accumulates in its out tensor's dtype (eager passes that as
-    `dtype`), which the CPU kernel may refuse for this input where it takes the same `dtype` given (nansum
-    of floats into an integer out): its error, asked once per op and dtypes."""
-    key = (func, tuple(t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)))
-    if key in _accumulations_accepted:
-        return
-    try:
-        _on_cpu(func, args, kwargs, {})
-    except RuntimeError as refused:  # NotImplementedError too: a kernel without this dtype
-        raise refused.with_traceback(None) from None
-    _accumulations_accepted.add(key)
 
 
 def _tensors(value) -> list:
