@@ -40,13 +40,17 @@ class Account:
         self.allocated += nbytes
         if self.allocated > self.threshold:
             if self.limit is not None and self.allocated > self.limit:
-                self.ooms += 1
-                raise torch.OutOfMemoryError(
-                    f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). This process may "
-                    f"hold {size_text(self.limit)} of neuron:{self.device_index} (set_per_process_memory_fraction) "
-                    f"and PyTorch holds {size_text(self.allocated - nbytes)} of it.")
+                raise self.refusal(nbytes, f"This process may hold {size_text(self.limit)} of neuron:"
+                                           f"{self.device_index} (set_per_process_memory_fraction) and PyTorch holds "
+                                           f"{size_text(self.allocated - nbytes)} of it.")
             self.peak = max(self.peak, self.allocated)
             self.update_threshold()
+
+    def refusal(self, nbytes: int, why: str) -> torch.OutOfMemoryError:
+        """CUDA's error for an allocation of `nbytes` refused, counted."""
+        self.ooms += 1
+        return torch.OutOfMemoryError(f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). "
+                                      f"{why}")
 
     def update_threshold(self) -> None:
         self.threshold = self.peak if self.limit is None else min(self.peak, self.limit)
@@ -130,12 +134,9 @@ def check_fits(nbytes: int, device_index: int) -> None:
         return
     free, total = free_and_total(device_index)
     if nbytes > free:
-        accounts[device_index].ooms += 1
-        raise torch.OutOfMemoryError(
-            f"neuron out of memory. Tried to allocate {size_text(nbytes)} ({nbytes} bytes). neuron:{device_index} "
-            f"has a total capacity of {size_text(total)} of which {size_text(free)} is free; PyTorch holds "
-            f"{size_text(accounts[device_index].allocated)} of it."
-        )
+        account = accounts[device_index]
+        raise account.refusal(nbytes, f"neuron:{device_index} has a total capacity of {size_text(total)} of which "
+                                      f"{size_text(free)} is free; PyTorch holds {size_text(account.allocated)} of it.")
 
 
 def raise_if_exhausted(error: Exception, device_index: int) -> None:
