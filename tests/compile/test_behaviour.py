@@ -275,6 +275,26 @@ def test_a_compiled_linear_layer_saves_its_weight_not_a_copy():
         torch.testing.assert_close(got, expected)
 
 
+def test_a_weight_written_between_forward_and_backward_raises_as_in_eager():
+    """The saved `t(weight)` counts versions with the weight (from the second run on it is made directly as the
+    detached alias AOTAutograd keeps, not through the view op): writing the weight in place before the
+    backward raises PyTorch's error, as eager does, at every run, not a gradient from the written weight."""
+    weight = torch.randn(8, 8).to("neuron").requires_grad_()
+    x = torch.randn(2, 8).to("neuron").requires_grad_()  # its gradient reads the weight
+    layer = torch.compile(lambda x: torch.nn.functional.linear(x, weight).relu(), backend="neuron")
+    for _ in range(3):
+        y = layer(x)
+        with torch.no_grad():
+            weight.mul_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    y = layer(x)
+    y.sum().backward()
+    mask = (torch.nn.functional.linear(x.detach().cpu(), weight.detach().cpu()) > 0).float()
+    torch.testing.assert_close(weight.grad.cpu(), mask.t() @ x.detach().cpu())
+    torch.testing.assert_close(x.grad.cpu(), mask @ weight.detach().cpu())
+
+
 def _cat_to_empty(x):
     return torch.cat([torch.tensor([], device=x.device), x]) * 2
 

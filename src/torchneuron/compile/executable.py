@@ -27,7 +27,7 @@ from ..runtime.dtypes import to_torch
 from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
                                storage_views)
 from ..runtime.layout import contiguous_strides, is_contiguous, lay_out
-from ..runtime.tensor import new_tensor
+from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
 from .stats import counters
 
@@ -41,6 +41,7 @@ class CompiledGraph:
 
     _boxed_call = True
     host_passed = frozenset()
+    saved_input_views = frozenset()
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
@@ -61,8 +62,12 @@ class CompiledGraph:
         self.host_passed = frozenset(i for i, p in enumerate(placeholders) if _on_host(p)
                                      and all(user.op == "output" for user in p.users))
         self.out_aliases = _output_aliases(leaves)
-        self.out_views, hidden = _output_views(leaves, placeholders, self.mutated, self.out_aliases,
-                                               _saved_for_backward(output, len(leaves)))
+        saved = _saved_for_backward(output, len(leaves))
+        self.out_views, hidden = _output_views(leaves, placeholders, self.mutated, self.out_aliases, saved)
+        # views of inputs the forward saves for the backward (each linear layer's `t(weight)`), which
+        # AOTAutograd detaches: made detached at once (see _Program.run)
+        self.saved_input_views = frozenset(j for j, ((kind, _), _) in self.out_views.items()
+                                           if kind == "input" and j in saved)
         # intermediates the program returns only for outputs viewing them (dropped once those are made)
         self.hidden_bases = [node.name for node in hidden]
         self.out_sources += [None] * len(hidden)
@@ -126,7 +131,7 @@ class CompiledGraph:
             else:
                 statics.append(a)
         resolve = None
-        if any(map(math_bits.flagged, tensors)):
+        if math_bits.any_flagged(tensors):
             # the program reads storages: a lazily conjugated or negated input (x.conj(), a complex view's
             # imag) is read as the values it shows (views of it made by the program keep the original)
             resolve, originals = math_bits.Resolver(), tensors
@@ -454,6 +459,7 @@ class _Program:
         statics = [None if isinstance(a, torch.Tensor) else a for a in args]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
         self.aliases = aliases = graph.out_aliases
+        self.saved_input_views, self.saved_view_specs = graph.saved_input_views, {}
         views = {j: (base, [(_view_op(name), *arguments) for name, *arguments in chain])
                  for j, (base, chain) in graph.out_views.items()}
         self.n_outputs = len(sources) - len(graph.hidden_bases)
@@ -544,8 +550,17 @@ class _Program:
             outputs[j] = new_tensor(array, spec, self.device_index)
         for j, ((kind, index), chain) in self.views.items():
             view = args[index] if kind == "input" else outputs[index]
+            saved_spec = self.saved_view_specs.get(j)
+            if saved_spec is not None:
+                # what AOTAutograd makes of the view it saves, its detached alias, for a tenth of the view op
+                # and the detach: the view's place in the input, fixed for this signature, from the first run
+                outputs[j] = wrap(view._storage, *saved_spec, versions_of=view)
+                math_bits.copy_bits(None, view, outputs[j])
+                continue
             for op, view_args, view_kwargs in chain:
                 view = op(view, *view_args, **view_kwargs)
+            if j in self.saved_input_views:
+                self.saved_view_specs[j] = view._spec[:4]
             outputs[j] = view
         for j, aliased in self.aliases.items():
             # through autograd: the alias shares its output's version counter, as in eager, so that writing

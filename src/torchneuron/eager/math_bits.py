@@ -9,6 +9,7 @@ flagged inputs are resolved here.
 """
 import torch
 
+from ..native import _C as native
 from ..ops import registry
 
 aten = torch.ops.aten
@@ -16,6 +17,10 @@ aten = torch.ops.aten
 
 def flagged(tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and (tensor.is_conj() or tensor.is_neg())
+
+
+# any of a list's tensors flagged: one native call for a compiled graph's inputs, asked at every call
+any_flagged = native.any_flagged
 
 
 def set_bits(tensor, conj: bool, neg: bool) -> None:

@@ -128,15 +128,33 @@ PYBIND11_MODULE(_C, m) {
   // Every op's output is a new tensor: built here on its shared storage, it costs half of
   // torch.Tensor._make_wrapper_subclass, which parses fifteen arguments and gives the tensor a storage of
   // its own that would then be replaced. The dispatch keys are the ones that function gives (the
-  // device's and autograd's, and Python's for __torch_dispatch__).
+  // device's and autograd's, and Python's for __torch_dispatch__). Given `versions_of`, the tensor shares
+  // that tensor's version counter, as `versions_of.<a view>.detach()` would, without being an autograd view.
   m.def("new_tensor", [](py::handle cls, py::handle owner, at::IntArrayRef sizes, at::IntArrayRef strides,
-                         int64_t offset, at::ScalarType dtype) {
+                         int64_t offset, at::ScalarType dtype, py::handle versions_of) {
     auto tensor = at::detail::make_tensor<c10::TensorImpl>(
         native_storage(owner), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
     auto* impl = tensor.unsafeGetTensorImpl();
     impl->set_sizes_and_strides(sizes, strides, offset);
     impl->set_python_dispatch(true);
+    if (!versions_of.is_none()) {
+      impl->set_version_counter(THPVariable_Unpack(versions_of.ptr()).unsafeGetTensorImpl()->version_counter());
+    }
     return py::reinterpret_steal<py::object>(
         THPVariable_Wrap(tensor, reinterpret_cast<PyTypeObject*>(cls.ptr())));
+  }, py::arg("cls"), py::arg("owner"), py::arg("sizes"), py::arg("strides"), py::arg("offset"), py::arg("dtype"),
+     py::arg("versions_of") = py::none());
+  // A compiled graph reads storages, so a lazily conjugated or negated input (x.conj(), a complex view's imag)
+  // is resolved first: asked of every input of every call, one call here instead of two methods a tensor
+  m.def("any_flagged", [](py::handle tensors) {
+    for (auto item : tensors) {
+      if (THPVariable_Check(item.ptr())) {
+        const auto& tensor = THPVariable_Unpack(item.ptr());
+        if (tensor.is_conj() || tensor.is_neg()) {
+          return true;
+        }
+      }
+    }
+    return false;
   });
 }

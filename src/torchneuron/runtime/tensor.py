@@ -126,10 +126,11 @@ def bind_dispatch(dispatch) -> None:
     _dispatch = dispatch
 
 
-def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype) -> NeuronTensor:
-    """A neuron tensor viewing `storage`: the only constructor (the class is never called directly)."""
+def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype, versions_of=None) -> NeuronTensor:
+    """A neuron tensor viewing `storage`: the only constructor (the class is never called directly). Given
+    `versions_of`, a tensor of the same storage, it counts versions with that one, as a detached view does."""
     shape, stride = tuple(shape), tuple(stride)
-    tensor = native.new_tensor(NeuronTensor, storage, shape, stride, offset, dtype)
+    tensor = native.new_tensor(NeuronTensor, storage, shape, stride, offset, dtype, versions_of)
     tensor._storage = storage
     tensor._spec = (shape, stride, offset, dtype, storage.device_index)
     return tensor
