@@ -19,7 +19,8 @@ def flagged(tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and (tensor.is_conj() or tensor.is_neg())
 
 
-# any of a list's tensors flagged: one native call for a compiled graph's inputs, asked at every call
+# any of the tensors among some values flagged (other values are skipped): one native call, asked of every
+# call of a compiled graph and of the ops that pass the bits through
 any_flagged = native.any_flagged
 
 
@@ -140,11 +141,8 @@ def resolving(inner):
 
 
 def _any_flagged(args, kwargs) -> bool:
-    # on every call of the ops it wraps (mm among them): a plain loop, the cheapest test
-    for value in args:
-        if isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg()):
-            return True
-    return bool(kwargs) and any(flagged(value) for value in kwargs.values())
+    # on every call of the ops it wraps (mm among them)
+    return any_flagged(args) or (bool(kwargs) and any_flagged(kwargs.values()))
 
 
 # their results do not depend on the bits: neg and conj commute with negation and conjugation
