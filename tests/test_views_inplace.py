@@ -280,3 +280,26 @@ def test_as_strided_copy_of_a_strided_view_counts_in_its_storage_as_the_cpu():
         return torch.as_strided_copy(base[:, ::2], (2, 2), (1, 2), 1)
 
     assert_same(strided_copy("neuron"), strided_copy("cpu"))
+
+
+_PARTIAL_WRITES = {
+    "index_put_": lambda u, d: u.index_put_((torch.tensor([0], device=d),), torch.tensor(5.0, device=d)),
+    "setitem": lambda u, d: u.__setitem__(torch.tensor([2], device=d), 9.0),
+    "masked_fill_": lambda u, d: u.masked_fill_(torch.arange(18, device=d).reshape(6, 3) == 0, -1.0),
+    "scatter_": lambda u, d: u.scatter_(1, torch.zeros(6, 1, dtype=torch.long, device=d), 7.0),
+}
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["eager", "adaptive"])
+@pytest.mark.parametrize("write", _PARTIAL_WRITES.values(), ids=_PARTIAL_WRITES.keys())
+def test_writing_some_elements_of_overlapping_windows_as_the_cpu(write, adaptive):
+    """Through `x.unfold(0, 3, 1)` (windows sharing memory) an op writing some elements writes those alone: the
+    whole view was written back, and an element of another window over the same memory, still holding its
+    old value, undid the write (x[1] and x[2] stayed as they were after `u[0] = 5`)."""
+    results = {}
+    with torch.neuron.adaptive_eager(adaptive):
+        for device in ("cpu", "neuron"):
+            x = torch.arange(8.0, device=device)
+            write(x.unfold(0, 3, 1), device)
+            results[device] = x.cpu()
+    assert torch.equal(results["neuron"], results["cpu"]), results

@@ -119,7 +119,12 @@ def write(buffer, value, shape, stride, offset):
         return buffer
     plan = _block_plan(shape, stride)
     if plan is None or plan[3]:
-        return buffer.at[_gather_indices(shape, stride, offset)].set(value)
+        # elements of the view share memory (unfold's windows): only those the op changed are written, so that
+        # an op writing some of them (index_put_, masked_fill_) is not undone by another element of the same
+        # memory still holding the old value, as the CPU and CUDA write only what they compute
+        index = _gather_indices(shape, stride, offset)
+        kept = ~_differs(value, buffer[index])
+        return buffer.at[jnp.where(kept, buffer.shape[0], index)].set(value, mode="drop")
     order, sizes, strides, _ = plan
     if not order:
         return buffer.at[offset].set(value.reshape(()))
@@ -129,6 +134,16 @@ def write(buffer, value, shape, stride, offset):
     region = region.at[_corner(sizes)].set(ordered).reshape(-1)
     region = region[: min(region.shape[0], buffer.shape[0] - offset)]
     return lax.dynamic_update_slice(buffer, region, (offset,))
+
+
+def _differs(a, b):
+    """Where a and b differ in their bits (a NaN equals itself, -0.0 differs from 0.0)."""
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return _differs(a.real, b.real) | _differs(a.imag, b.imag)
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        bits = jnp.dtype(f"uint{8 * a.dtype.itemsize}")
+        return lax.bitcast_convert_type(a, bits) != lax.bitcast_convert_type(b, bits)
+    return a != b
 
 
 def lay_out(value, shape, stride, offset: int = 0):
