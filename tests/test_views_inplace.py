@@ -303,3 +303,28 @@ def test_writing_some_elements_of_overlapping_windows_as_the_cpu(write, adaptive
             write(x.unfold(0, 3, 1), device)
             results[device] = x.cpu()
     assert torch.equal(results["neuron"], results["cpu"]), results
+
+
+_OUT_OPS = {
+    "sort": lambda x, out: torch.sort(x, out=(out, torch.zeros(12, dtype=torch.long, device=x.device)[::2])),
+    "msort": lambda x, out: torch.msort(x, out=out),
+    "linalg.solve": lambda x, out: torch.linalg.solve(x[:3].reshape(3, 1) * torch.eye(3, device=x.device)
+                                                      + torch.eye(3, device=x.device) * 4, x[3:], out=out[:3]),
+    "cumsum": lambda x, out: torch.cumsum(x, 0, out=out),
+}
+
+
+@pytest.mark.parametrize("f", _OUT_OPS.values(), ids=_OUT_OPS.keys())
+def test_a_strided_out_of_the_right_shape_keeps_its_strides(f):
+    """`torch.sort(x, out=(buf[::2], ...))`: the CPU writes through the out's strides into `buf`; PyTorch's meta
+    kernels of sort and linalg.solve make the out contiguous, and the result went to a new storage, `buf`
+    unchanged."""
+    x = torch.randn(6)
+    results = {}
+    for device in ("cpu", "neuron"):
+        buffer = torch.zeros(12, device=device)
+        out = buffer[::2]
+        f(x.to(device), out)
+        results[device] = (buffer.cpu(), out.stride())
+    torch.testing.assert_close(results["neuron"][0], results["cpu"][0])
+    assert results["neuron"][1] == results["cpu"][1] == (2,)

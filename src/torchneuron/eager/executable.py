@@ -115,6 +115,16 @@ def _refilled(targs, tkwargs, tensors, scalars):
     return fill(targs, tensors, scalars), {k: fill(v, tensors, scalars) for k, v in tkwargs}
 
 
+def _keeps_its_view(func, kwargs, meta, before) -> bool:
+    """An out= tensor of the right shape keeps its strides, written through as they are, as the CPU's kernels keep
+    them (they restride only an out they resize), where PyTorch's meta kernel made it contiguous (sort's,
+    linalg.solve's): the result went to a new storage, and the tensor the user gave as `out[::2]` lost its base."""
+    if tuple(meta.shape) != before[0]:
+        return False
+    return any(a.is_out and any(m is meta for m in registry.flatten([kwargs.get(a.name)]))
+               for a in func._schema.arguments)
+
+
 def _meta_spec(t: torch.Tensor):
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
@@ -177,7 +187,8 @@ class Executable:
         by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
         written = registry.flatten(registry.written_arguments(op.func, meta_args, meta_kwargs))
         mutated = [by_identity[id(m)] for m in written if m is not None]
-        self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]]
+        self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]
+                                  and not _keeps_its_view(op.func, meta_kwargs, meta_tensors[i], before[i])]
         # a resized tensor's new view is the meta kernel's for these offsets
         self.traced_offsets = traced_offsets = traced_offsets and not resized
         _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
