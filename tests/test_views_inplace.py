@@ -1,4 +1,6 @@
 """Views alias their base, in-place ops and out= mutate through views, exactly as on the CPU."""
+import warnings
+
 import pytest
 import torch
 
@@ -328,3 +330,28 @@ def test_a_strided_out_of_the_right_shape_keeps_its_strides(f):
         results[device] = (buffer.cpu(), out.stride())
     torch.testing.assert_close(results["neuron"][0], results["cpu"][0])
     assert results["neuron"][1] == results["cpu"][1] == (2,)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["eager", "adaptive"])
+@pytest.mark.parametrize("base_numel", [8, 20], ids=["grown", "fits"])
+def test_an_out_of_another_shape_is_resized_in_its_own_storage(base_numel, adaptive):
+    """An out= of another shape is resized as PyTorch's resize_ does it: in its own storage, grown if too small,
+    so that its base sees the values (the result went to a new storage, the base unchanged). An empty out still
+    takes the result as it is."""
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    results = {}
+    with warnings.catch_warnings(), torch.neuron.adaptive_eager(adaptive):
+        warnings.simplefilter("ignore")  # PyTorch's deprecation of resizing a non-empty out
+        for device in ("cpu", "neuron"):
+            base = torch.zeros(base_numel, device=device)
+            out = base[::2]
+            torch.add(a.to(device), b.to(device), out=out)
+            empty = torch.empty(0, device=device)
+            torch.mul(a.to(device), b.to(device), out=empty)
+            results[device] = (base.cpu(), out.cpu(), out.stride(), out.untyped_storage().nbytes(), empty.cpu())
+    cpu, neuron = results["cpu"], results["neuron"]
+    for got, expected in zip(neuron, cpu):
+        if isinstance(expected, torch.Tensor):
+            torch.testing.assert_close(got, expected)
+        else:
+            assert got == expected

@@ -311,8 +311,24 @@ class Executable:
             return new_tensor(results[0], self.single_output, device_index)
         fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
-            views.reset_view(tensors[i], Storage(buf.shape[0], spec[3], device_index, buf), spec)
+            _resize_to(tensors[i], buf, spec, device_index)
         return _build_output(self.plan, tensors, fresh)
+
+
+def _resize_to(tensor, buffer, spec, device_index: int) -> None:
+    """`tensor`, resized by the op to `spec`, takes the values of `buffer` (laid out as `spec` says). An empty
+    one (`out=torch.empty(0)`, the usual out=) takes the buffer as its storage. Any other keeps its storage,
+    grown if the new view needs more, as PyTorch's resize_ keeps it, so that its other views (the base of an
+    `out=buf[::2]` of another shape) see the values as on the CPU."""
+    storage = tensor._storage
+    if not storage.numel:
+        views.reset_view(tensor, Storage(buffer.shape[0], spec[3], device_index, buffer), spec)
+        return
+    needed = layout.storage_extent(*spec[:3]) * spec[3].itemsize
+    if needed > storage.nbytes:
+        storage.resize(-(-needed // storage.dtype.itemsize))
+    views.reset_view(tensor, storage, spec)
+    tensor.copy_(new_tensor(buffer, spec, device_index))
 
 
 # the abstract raw key a random op's program takes (rng.next_key's result)
