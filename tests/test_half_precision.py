@@ -80,3 +80,15 @@ def test_grid_sample_rounds_once(dtype, dims):
         expected = F.grid_sample(x.float(), grid.float(), padding_mode=padding_mode, align_corners=False).to(dtype)
         actual = F.grid_sample(x.to("neuron"), grid.to("neuron"), padding_mode=padding_mode, align_corners=False)
         assert_same(actual, expected, atol=8 * torch.finfo(dtype).eps, rtol=torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_nextafter_steps_in_its_own_dtype(dtype):
+    """nextafter is the next value of the tensor's dtype: computed in float32 and rounded it was no step at all
+    (x itself). One ulp is within assert_close's half-precision tolerance, hence the bits are compared."""
+    x = torch.tensor([1.0, 2.0, -3.5, 0.0, float("inf"), 65504.0], dtype=dtype)
+    y = torch.tensor([2.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=dtype)
+    expected = torch.nextafter(x, y)
+    got = torch.nextafter(x.to("neuron"), y.to("neuron")).cpu()
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), (got, expected)
+    assert not torch.equal(got, x)

@@ -7,7 +7,7 @@ from jax import lax
 from torch._meta_registrations import check_inplace_broadcast
 
 from ..runtime.dtypes import convert, scalar_type_name
-from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, cast, elementwise, opmath, promote
+from .promotion import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, NO_OPMATH, cast, elementwise, opmath, promote
 from .registry import META, checked_meta, lower, meta_casting_into_out
 
 aten = torch.ops.aten
@@ -99,11 +99,13 @@ _register_all(
         (aten.mul, jnp.multiply),
         (aten.hypot, jnp.hypot),
         (aten.copysign, jnp.copysign),
-        (aten.nextafter, jnp.nextafter),
         (aten.heaviside, lambda x, v: jnp.where(x == 0, v, (x > 0).astype(x.dtype))),
     ],
     DEFAULT,
 )
+
+# the next value of the tensor's own dtype: a half-precision step is lost if computed in float32 and rounded
+_register_all([(aten.nextafter, jnp.nextafter)], NO_OPMATH)
 
 _register_all(
     [
