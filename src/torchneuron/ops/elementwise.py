@@ -24,7 +24,10 @@ def _is_integral(x) -> bool:
 
 
 def _sign(x):
-    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    """(0 < x) - (x < 0), the CPU's and CUDA's formula for reals: 0 for nan, and +0 for -0 (jnp.sign keeps both)."""
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 def _round_half_even(x):
@@ -167,8 +170,21 @@ def div_mode(x, y, *, rounding_mode=None):
         # lax.div truncates, but neither broadcasts nor promotes
         out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))) if _is_integral(x) else jnp.trunc(x / y)
     else:
-        out = jnp.floor_divide(x, y) if _is_integral(x) else jnp.floor(x / y)
+        out = jnp.floor_divide(x, y) if _is_integral(x) else _div_floor_floating(x, y)
     return out.astype(result)
+
+
+def _div_floor_floating(a, b):
+    """PyTorch's floor division of floats (c10's div_floor_floating, the CPU's and CUDA's): from the exact
+    remainder, not floor(a / b), whose rounded quotient can reach the next integer (7 // 0.1 is 69 in float32,
+    not 70), and nan for an infinite dividend."""
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floordiv = jnp.floor(div)
+    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    floordiv = jnp.where(div != 0, floordiv, jnp.copysign(jnp.zeros_like(div), a / b))
+    return jnp.where(b == 0, a / b, floordiv)
 
 
 @lower(aten.logit)

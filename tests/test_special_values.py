@@ -1,0 +1,34 @@
+"""Elementwise results where PyTorch's formula, not the textbook one, decides: special values (inf, nan, signed
+zeros) and quotients that round across an integer, compared with the CPU bit for bit."""
+import pytest
+import torch
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _same_bits(got, expected):
+    """Equal values with equal signs of zero, nan where the CPU has nan."""
+    same = ((got == expected) & (torch.signbit(got) == torch.signbit(expected))) | (got.isnan() & expected.isnan())
+    return bool(same.all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("divide", [torch.floor_divide, lambda a, b: torch.div(a, b, rounding_mode="floor")],
+                         ids=["floor_divide", "div_floor"])
+def test_floor_division_of_floats_as_the_cpu(divide, dtype):
+    """PyTorch floors the quotient of the exact remainder: 7 // 0.1 is 69 in float32, where floor(7 / 0.1) is 70
+    (the quotient rounds up to 70); an infinite dividend gives nan, -5 // inf gives -1, as on the CPU and CUDA."""
+    a = torch.tensor([7.0, 1.0, -7.0, 0.3, INF, -INF, 5.0, -5.0, NAN, 0.0, 7.0, -0.0, 0.0, 3.0, 1e30])
+    b = torch.tensor([0.1, 0.1, 0.1, 0.1, 100.5, 3.0, INF, INF, 1.0, 0.0, 0.0, 2.0, -2.0, -0.0, 1e-30])
+    a, b = a.to(dtype), b.to(dtype)
+    expected = divide(a, b)
+    got = divide(a.to("neuron"), b.to("neuron")).cpu()
+    assert _same_bits(got, expected), (got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("f", [torch.sign, torch.sgn])
+def test_sign_of_nan_and_negative_zero_as_the_cpu(f, dtype):
+    """sign is (0 < x) - (x < 0) on the CPU and CUDA: 0 for nan and +0 for -0, where jnp.sign keeps both."""
+    x = torch.tensor([NAN, -0.0, 0.0, 1.5, -2.0, INF, -INF], dtype=dtype)
+    assert _same_bits(f(x.to("neuron")).cpu(), f(x))
