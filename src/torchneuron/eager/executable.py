@@ -320,14 +320,10 @@ def _resize_to(tensor, buffer, spec, device_index: int) -> None:
     one (`out=torch.empty(0)`, the usual out=) takes the buffer as its storage. Any other keeps its storage,
     grown if the new view needs more, as PyTorch's resize_ keeps it, so that its other views (the base of an
     `out=buf[::2]` of another shape) see the values as on the CPU."""
-    storage = tensor._storage
-    if not storage.numel:
+    if not tensor._storage.numel:
         views.reset_view(tensor, Storage(buffer.shape[0], spec[3], device_index, buffer), spec)
         return
-    needed = layout.storage_extent(*spec[:3]) * spec[3].itemsize
-    if needed > storage.nbytes:
-        storage.resize(-(-needed // storage.dtype.itemsize))
-    views.reset_view(tensor, storage, spec)
+    views.resize_in_storage(tensor, spec)
     tensor.copy_(new_tensor(buffer, spec, device_index))
 
 

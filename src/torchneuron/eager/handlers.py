@@ -12,7 +12,7 @@ from ..ops.indexing import masked_rows
 from ..ops.rules import rule
 from ..runtime import storage, sync, transfer
 from ..runtime.dtypes import convert_to, scalar_type_name, to_torch
-from ..runtime.layout import contiguous_strides, storage_extent
+from ..runtime.layout import contiguous_strides
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import cpu_dtypes, out_dtypes, transfers, views
 from .executable import Compute, devices_differ
@@ -219,12 +219,7 @@ def resize_(func, args, kwargs):
         strides = contiguous_strides(size)
     else:  # the CPU restrides to the format even when the size is unchanged
         strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    offset = tensor.storage_offset()
-    needed = storage_extent(size, strides, offset)
-    storage = tensor._storage
-    if needed > storage.numel:
-        storage.resize(needed)
-    views.reset_view(tensor, storage, (size, strides, offset, tensor.dtype))
+    views.resize_in_storage(tensor, (size, strides, tensor.storage_offset(), tensor.dtype))
     return tensor
 
 

@@ -4,6 +4,7 @@ import torch
 from ..ops.shape import check_in_storage
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import check_supported
+from ..runtime.layout import storage_extent
 from ..runtime.tensor import NeuronTensor, wrap
 from . import math_bits
 from .arguments import fill, template
@@ -101,6 +102,17 @@ def reset_view(tensor: NeuronTensor, storage, spec) -> None:
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_META, tensor, storage.handle, offset, shape, stride)
     tensor._storage = storage
     tensor._spec = (tuple(shape), tuple(stride), offset, dtype, storage.device_index)
+
+
+def resize_in_storage(tensor: NeuronTensor, spec) -> None:
+    """Point `tensor` at `spec` over its own storage, grown if the view needs more bytes, as PyTorch's resize_
+    keeps a tensor's storage (its other views see what is written there)."""
+    shape, stride, offset, dtype = spec[:4]
+    storage = tensor._storage
+    needed = storage_extent(shape, stride, offset) * dtype.itemsize
+    if needed > storage.nbytes:
+        storage.resize(-(-needed // storage.dtype.itemsize))
+    reset_view(tensor, storage, spec)
 
 
 def inplace_view(func, args, kwargs):

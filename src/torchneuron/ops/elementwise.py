@@ -25,8 +25,10 @@ def _is_integral(x) -> bool:
 
 def _sign(x):
     """(0 < x) - (x < 0), the CPU's and CUDA's formula for reals: 0 for nan, and +0 for -0 (jnp.sign keeps both)."""
-    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.sign(x)
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
