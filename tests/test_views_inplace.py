@@ -355,3 +355,16 @@ def test_an_out_of_another_shape_is_resized_in_its_own_storage(base_numel, adapt
             torch.testing.assert_close(got, expected)
         else:
             assert got == expected
+
+
+def test_resizing_a_view_of_another_dtype_grows_its_storage_by_bytes_as_the_cpu():
+    """`x.view(torch.uint8).resize_(20)` over 16 bytes of float32 grows the storage to 20 bytes, as on the CPU (it
+    counted 20 float32 elements, 80 bytes), keeping the values."""
+    results = {}
+    for device in ("cpu", "neuron"):
+        x = torch.arange(4, dtype=torch.float32, device=device)
+        v = x.view(torch.uint8)
+        v.resize_(20)
+        results[device] = (v.untyped_storage().nbytes(), x.cpu())
+    assert results["neuron"][0] == results["cpu"][0] == 20
+    assert torch.equal(results["neuron"][1], results["cpu"][1])
