@@ -300,20 +300,25 @@ def airy_ai(x):
 
 
 def _degree(n):
-    """PyTorch casts the degree to int64; non-finite degrees become negative, whose value is 0."""
-    return jnp.where(jnp.isfinite(n), jnp.trunc(n), -1).astype(jnp.int64)
+    """PyTorch casts the degree to int64, where x86 turns non-finite and out-of-range degrees into
+    INT64_MIN: negative, whose value is 0 (XLA's conversion would saturate to a degree the loop
+    below cannot finish)."""
+    representable = jnp.isfinite(n) & (jnp.abs(n) < 2.0**63)
+    return jnp.where(representable, jnp.trunc(n), -1).astype(jnp.int64)
 
 
 def _recurrence(x, n, first, step, needed):
     """p_n of p_0 = 1, p_1 = first, p_k = step(k, p_(k-1), p_(k-2)), for n >= 0 where `needed`;
-    the loop runs to the largest needed degree, and stops early once every value is nan."""
+    the loop runs to the largest needed degree, and stops early once every needed value is nan
+    (values not needed may stay finite for ever, as |x| < 1 does)."""
     shape = jnp.broadcast_shapes(x.shape, n.shape)
     n = jnp.broadcast_to(n, shape)
+    needed = jnp.broadcast_to(needed, shape)
     top = jnp.max(jnp.where(needed, n, 0), initial=0)
 
     def cond(state):
         k, _, q = state
-        return (k <= top) & jnp.any((k <= n) & ~jnp.isnan(q))
+        return (k <= top) & jnp.any(needed & (k <= n) & ~jnp.isnan(q))
 
     def body(state):
         k, p, q = state
@@ -338,7 +343,8 @@ def _polynomial(fn):
 
 
 def _chebyshev_recurrence(x, n, first, needed):
-    return _recurrence(x, n, first, lambda k, q, p: (x + x) * q - p, needed)
+    """|x| = 1 takes the closed form at the ends, which the recurrence would reach only after n steps."""
+    return _recurrence(x, n, first, lambda k, q, p: (x + x) * q - p, needed & (jnp.abs(x) != 1))
 
 
 def _chebyshev_t(x, n, trig_from):
