@@ -37,6 +37,29 @@ def test_sign_of_nan_and_negative_zero_as_the_cpu(f, dtype):
     assert _same_bits(f(x.to("neuron")).cpu(), f(x))
 
 
+
+_DIVISIONS_BY_A_BROADCAST = {
+    "by a number": lambda x: x / 2.5,
+    "by a 0-d tensor": lambda x: x / torch.tensor(3.7, dtype=x.dtype, device=x.device),
+    "by a row": lambda x: x / (x[:1].abs() + 1),
+    "in place": lambda x: x.clone().div_(7.1),
+    "truncated": lambda x: torch.div(x, 0.1, rounding_mode="trunc"),
+    "round(decimals=2)": lambda x: torch.round(x, decimals=2),
+    "round(decimals=-1)": lambda x: torch.round(x * 1000, decimals=-1),
+    "addcdiv by a 0-d tensor": lambda x: torch.addcdiv(x, x, torch.tensor(3.3, dtype=x.dtype, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("divide", list(_DIVISIONS_BY_A_BROADCAST.values()), ids=list(_DIVISIONS_BY_A_BROADCAST))
+def test_division_by_a_broadcast_divisor_as_the_cpu(divide, dtype):
+    """XLA rewrites x / broadcast(d) as x * (1 / d): a quarter of float32 quotients were one ulp off, round(0.1, 2)
+    gave 0.099999994, and 0.3 // 0.1 truncated gave 3. round(decimals) computes half precision in float32, as the
+    CPU does: 65504 * 100 overflowed to inf in float16."""
+    x = torch.cat([torch.rand(4000) * 10, torch.tensor([0.1, 0.3, 0.7, 1.005, 2.675, 65504.0, -0.3])]).to(dtype)
+    expected = divide(x)
+    assert _same_bits(divide(x.to("neuron")).cpu(), expected)
+
 _POLYNOMIAL_DEGREES = """
 import torch, torchneuron
 x = torch.tensor([0.5, 1.0, -1.0, 2.5, 0.0, -0.3])

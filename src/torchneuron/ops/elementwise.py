@@ -36,6 +36,18 @@ def _round_half_even(x):
     return jnp.round(x)
 
 
+def true_divide(a, b):
+    """a / b as the CPU computes it. XLA rewrites a division by a broadcast divisor (a Python number, a row of
+    norms) into a multiplication by its reciprocal: one ulp off for about a quarter of quotients, and a whole
+    integer off once truncated (0.3 / 0.1). Behind an optimization barrier the divisor is no broadcast to that
+    rewrite; the barrier is gone before fusion, so the division still fuses with the broadcast. Complex
+    quotients keep XLA's division: c10's complex division multiplies by a reciprocal itself."""
+    if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
+        return jnp.true_divide(a, b)
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    return jnp.true_divide(a, lax.optimization_barrier(jnp.broadcast_to(b, shape)))
+
+
 _register_all(
     [
         (aten.exp, jnp.exp),
@@ -66,8 +78,8 @@ _register_all(
         (aten.lgamma, special.gammaln),
         (aten.reciprocal, jnp.reciprocal),
         (aten.atan2, jnp.arctan2),
-        (aten.div.Tensor, jnp.true_divide),
-        (aten.div.Scalar, jnp.true_divide),
+        (aten.div.Tensor, true_divide),
+        (aten.div.Scalar, true_divide),
         (aten.sinc, jnp.sinc),
         (aten.deg2rad, jnp.deg2rad),
         (aten.rad2deg, jnp.rad2deg),
@@ -166,11 +178,11 @@ def rsub(x, y, *, alpha=1):
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(x, y, *, rounding_mode=None):
     if rounding_mode is None:
-        return elementwise(jnp.true_divide, INT_TO_FLOAT)(x, y)
+        return elementwise(true_divide, INT_TO_FLOAT)(x, y)
     (x, y), result = promote(x, y)
     if rounding_mode == "trunc":
         # lax.div truncates, but neither broadcasts nor promotes
-        out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))) if _is_integral(x) else jnp.trunc(x / y)
+        out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))) if _is_integral(x) else jnp.trunc(true_divide(x, y))
     else:
         out = jnp.floor_divide(x, y) if _is_integral(x) else _div_floor_floating(x, y)
     return out.astype(result)
@@ -200,11 +212,12 @@ def logit(x, eps=None):
 
 @lower(aten.round.decimals)
 def round_decimals(x, *, decimals):
+    """In float32 for half precision, as the CPU and CUDA compute it (65504 * 100 is no inf there)."""
+    wide = opmath(x)
+    scale = jnp.asarray(10.0 ** abs(decimals), wide.dtype)
     if decimals >= 0:
-        scale = 10.0**decimals
-        return _round_half_even(x * scale) / scale
-    scale = 10.0 ** (-decimals)
-    return _round_half_even(x / scale) * scale
+        return true_divide(_round_half_even(wide * scale), scale).astype(x.dtype)
+    return (_round_half_even(true_divide(wide, scale)) * scale).astype(x.dtype)
 
 
 @lower(aten._conj_physical, aten.conj_physical, aten._conj)  # _conj: a lazy view eagerly, its values in a graph
@@ -409,7 +422,7 @@ def addcmul(x, a, b, *, value=1):
 @lower(aten.addcdiv)
 def addcdiv(x, a, b, *, value=1):
     (x, a, b), result = promote(x, a, b)
-    return (x + cast(value, x.dtype) * a / b).astype(result)
+    return (x + true_divide(cast(value, x.dtype) * a, b)).astype(result)
 
 
 @lower(aten.nan_to_num)
