@@ -80,3 +80,14 @@ def test_orthogonal_polynomials_of_huge_degrees_finish_as_on_the_cpu():
     XLA's conversion saturated. Run apart so that a regression fails by its timeout instead of hanging the suite."""
     run = subprocess.run([sys.executable, "-c", _POLYNOMIAL_DEGREES], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0 and "finished" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64])
+def test_floats_to_uint8_wrap_through_int64_as_the_cpu(dtype):
+    """c10 converts floats to uint8 through int64 (static_cast_with_inter_type): -1.0 is 255 and 300.0 is 44 on the
+    CPU and CUDA, where XLA's conversion saturated to 0 and 255."""
+    x = torch.tensor([-1.0, -2.5, 300.0, 255.9, 0.5, -0.7, 1000.0, -300.0, 65.0]).to(dtype)
+    expected = x.to(torch.uint8)
+    assert torch.equal(x.to("neuron").to(torch.uint8).cpu(), expected)
+    into = torch.zeros(9, dtype=torch.uint8, device="neuron")
+    assert torch.equal(into.copy_(x.to("neuron")).cpu(), expected)

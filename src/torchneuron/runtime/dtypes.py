@@ -79,6 +79,10 @@ def convert(value, dtype):
     if (_E4M3FN_SATURATES and dtype == jnp.float8_e4m3fn and value.dtype != dtype
             and value.dtype != jnp.bool_):
         value = jnp.clip(value, -_E4M3FN_MAX, _E4M3FN_MAX)
+    if dtype == jnp.uint8 and jnp.issubdtype(value.dtype, jnp.inexact):
+        # c10's static_cast_with_inter_type goes through int64, so -1.0 wraps to 255 on the CPU and CUDA alike,
+        # where XLA's conversion saturates to 0
+        value = jnp.real(value).astype(jnp.int64)
     return value.astype(dtype)
 
 
