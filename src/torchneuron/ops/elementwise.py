@@ -36,6 +36,11 @@ def _round_half_even(x):
     return jnp.round(x)
 
 
+def _exp2(x):
+    """XLA's exp2, exp(x * ln 2), is up to 33 ulps off in float32 (2^100 too), where its pow is within one."""
+    return lax.pow(jnp.asarray(2, x.dtype), x)
+
+
 def true_divide(a, b):
     """a / b as the CPU computes it. XLA rewrites a division by a broadcast divisor (a Python number, a row of
     norms) into a multiplication by its reciprocal: one ulp off for about a quarter of quotients, and a whole
@@ -51,7 +56,7 @@ def true_divide(a, b):
 _register_all(
     [
         (aten.exp, jnp.exp),
-        (aten.exp2, jnp.exp2),
+        (aten.exp2, _exp2),
         (aten.expm1, jnp.expm1),
         (aten.log, jnp.log),
         (aten.log2, jnp.log2),
@@ -447,8 +452,9 @@ def _gelu(x, approximate="none"):
 lower(aten.gelu)(lambda x, *, approximate="none": elementwise(lambda v: _gelu(v, approximate), INT_TO_FLOAT)(x))
 lower(aten.silu)(elementwise(jax.nn.silu, INT_TO_FLOAT))
 lower(aten.mish)(elementwise(lambda x: x * jnp.tanh(jax.nn.softplus(x)), INT_TO_FLOAT))
-lower(aten.hardsigmoid)(elementwise(lambda x: jnp.clip(x / 6 + 0.5, 0, 1), DEFAULT))
-lower(aten.hardswish)(elementwise(lambda x: x * jnp.clip(x / 6 + 0.5, 0, 1), DEFAULT))
+# the CPU's and CUDA's formulas, clip(x + 3, 0, 6) / 6: x / 6 + 0.5 rounds differently (hardsigmoid(-1) was 1 ulp off)
+lower(aten.hardsigmoid)(elementwise(lambda x: true_divide(jnp.clip(x + 3, 0, 6), 6), DEFAULT))
+lower(aten.hardswish)(elementwise(lambda x: true_divide(x * jnp.clip(x + 3, 0, 6), 6), DEFAULT))
 
 
 @lower(aten.leaky_relu)

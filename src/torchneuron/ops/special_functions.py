@@ -40,10 +40,29 @@ for _ops, _fn in [
     ((prims.erfcx,), jsp.erfcx),
     ((prims.ndtri,), jsp.ndtri),
     ((aten.special_log_ndtr,), jsp.log_ndtr),
-    ((prims.igamma,), lax.igamma),
-    ((prims.igammac,), lax.igammac),
 ]:
     _float_op(*_ops)(_fn)
+
+
+def _incomplete_gamma(regularized, lower: bool):
+    """lax's regularized incomplete gamma function inside the CPU kernel's boundaries (SciPy's), tested in its
+    order, so that nan meets them as it does there: a or x below 0 is nan; a = 0 gives the whole integral for
+    x > 0; x = 0 the empty one; infinite a the empty one (nan for infinite x); infinite x the whole one."""
+    empty, whole = (0.0, 1.0) if lower else (1.0, 0.0)
+
+    def fn(a, x):
+        value = jnp.where(jnp.isinf(x), whole, regularized(a, x))
+        value = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), jnp.nan, empty), value)
+        value = jnp.where(x == 0, empty, value)
+        value = jnp.where(a == 0, jnp.where(x > 0, whole, jnp.nan), value)
+        # clipped: for tiny a lax.igammac, computed as 1 - igamma, fell below 0
+        return jnp.where((x < 0) | (a < 0), jnp.nan, jnp.clip(value, 0, 1)).astype(value.dtype)
+
+    return fn
+
+
+_float_op(prims.igamma)(_incomplete_gamma(lax.igamma, lower=True))
+_float_op(prims.igammac)(_incomplete_gamma(lax.igammac, lower=False))
 
 
 @lower(prims.frexp)
@@ -76,10 +95,15 @@ def _hurwitz_zeta(s, q):
         return total + jnp.where(step, jnp.power(a, -s), 0), jnp.where(step, a + 1, a)
 
     total, shifted = lax.while_loop(lambda state: jnp.any(pending(state[1])), body, (jnp.zeros_like(start), start))
-    value = total + jsp.zeta(s, jnp.maximum(shifted, _ZETA_SHIFT))
-    pole = (q <= 0) & (q == jnp.floor(q))
-    undefined = (s < 1) | ((q <= 0) & (s != jnp.floor(s)))
-    return jnp.where(s == 1, jnp.inf, jnp.where(undefined, jnp.nan, jnp.where(pole, jnp.inf, value))).astype(value.dtype)
+    tail_start = jnp.maximum(shifted, _ZETA_SHIFT)
+    # where s is so large that the tail's terms are all 0, JAX's zeta is nan, as the CPU's sum is unless a
+    # summed term (q = 1, or q < 1) is not 0
+    tail = jnp.where((jnp.power(tail_start, -s) == 0) & (total != 0), 0, jsp.zeta(s, tail_start))
+    value = total + tail
+    # the CPU kernel's order: the pole at s = 1, s < 1, poles at integer q <= 0, then non-integer s for q <= 0
+    value = jnp.where((q <= 0) & (s != jnp.floor(s)), jnp.nan, value)
+    value = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, value)
+    return jnp.where(s == 1, jnp.inf, jnp.where(s < 1, jnp.nan, value)).astype(value.dtype)
 
 
 _float_op(prims.zeta, aten.special_zeta)(_hurwitz_zeta)
@@ -293,6 +317,8 @@ def airy_ai(x):
         _airy_maclaurin(jnp.where(middle, x, 0)),
         jnp.where(x < low, _airy_oscillating(jnp.where(x < low, -x, -low)), _airy_decaying(jnp.where(x > high, x, high))),
     )
+    # the CPU kernel's cut-off, beyond which its (and our) decaying form underflows
+    value = jnp.where(x > 103.892, 0, value)
     return jnp.where(jnp.isfinite(x), value, jnp.nan)
 
 
