@@ -80,7 +80,6 @@ _register_all(
         (aten.erf, special.erf),
         (aten.erfc, special.erfc),
         (aten.erfinv, special.erfinv),
-        (aten.lgamma, special.gammaln),
         (aten.reciprocal, jnp.reciprocal),
         (aten.atan2, jnp.arctan2),
         (aten.div.Tensor, true_divide),
