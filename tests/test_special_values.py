@@ -60,7 +60,7 @@ def test_division_by_a_broadcast_divisor_as_the_cpu(divide, dtype):
     expected = divide(x)
     assert _same_bits(divide(x.to("neuron")).cpu(), expected)
 
-_POLYNOMIAL_DEGREES = """
+_LOOPS = """
 import torch, torchneuron
 x = torch.tensor([0.5, 1.0, -1.0, 2.5, 0.0, -0.3])
 for op in (torch.special.chebyshev_polynomial_t, torch.special.chebyshev_polynomial_u,
@@ -70,15 +70,19 @@ for op in (torch.special.chebyshev_polynomial_t, torch.special.chebyshev_polynom
         n = torch.full_like(x, degree)
         expected, got = op(x, n), op(x.to("neuron"), n.to("neuron")).cpu()
         torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-4, atol=1e-5)
+q = torch.tensor([-2147483648, -5, 3, 0], dtype=torch.int32)
+s = torch.tensor([2, 3, 2, 4], dtype=torch.int32)
+torch.testing.assert_close(torch.special.zeta(s.to("neuron"), q.to("neuron")).cpu(), torch.special.zeta(s, q))
 print("finished")
 """
 
 
-def test_orthogonal_polynomials_of_huge_degrees_finish_as_on_the_cpu():
-    """The recurrence ran until every element was nan, which |x| < 1 (taken by the closed form) and |x| = 1 never
-    become: degree 1e18 looped for ever. A degree beyond int64 is negative after the CPU's cast (value 0), where
-    XLA's conversion saturated. Run apart so that a regression fails by its timeout instead of hanging the suite."""
-    run = subprocess.run([sys.executable, "-c", _POLYNOMIAL_DEGREES], capture_output=True, text=True, timeout=240)
+def test_loops_of_huge_arguments_finish_as_on_the_cpu():
+    """The polynomials' recurrence ran until every element was nan, which |x| < 1 (taken by the closed form) and
+    |x| = 1 never become: degree 1e18 looped for ever. A degree beyond int64 is negative after the CPU's cast (value
+    0), where XLA's conversion saturated. zeta summed q = -2^31 term by term (2^31 steps) before finding the pole.
+    Run apart so that a regression fails by its timeout instead of hanging the suite."""
+    run = subprocess.run([sys.executable, "-c", _LOOPS], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0 and "finished" in run.stdout, run.stderr[-3000:]
 
 

@@ -111,9 +111,14 @@ def _hurwitz_zeta(s, q):
     """zeta(s, q) = sum over k >= 0 of (q + k)^-s, also for negative non-integer q with integer s."""
     start = jnp.broadcast_to(q, jnp.broadcast_shapes(s.shape, q.shape))
     s = jnp.broadcast_to(s, start.shape)
+    # the CPU kernel's order: the pole at s = 1, s < 1, poles at integer q <= 0, then non-integer s for q <= 0;
+    # those are not summed (q = -2^31 would take 2^31 steps)
+    decided = jnp.where(s == 1, jnp.inf, jnp.where(s < 1, jnp.nan, jnp.where(
+        (start <= 0) & (start == jnp.floor(start)), jnp.inf, jnp.where((start <= 0) & (s != jnp.floor(s)), jnp.nan, 0))))
+    summed = ~(s <= 1) & ~((start <= 0) & ((start == jnp.floor(start)) | (s != jnp.floor(s))))
 
     def pending(a):
-        return (a < _ZETA_SHIFT) & jnp.isfinite(a)
+        return (a < _ZETA_SHIFT) & jnp.isfinite(a) & summed
 
     def body(state):
         total, a = state
@@ -125,11 +130,7 @@ def _hurwitz_zeta(s, q):
     # where s is so large that the tail's terms are all 0, JAX's zeta is nan, as the CPU's sum is unless a
     # summed term (q = 1, or q < 1) is not 0
     tail = jnp.where((jnp.power(tail_start, -s) == 0) & (total != 0), 0, jsp.zeta(s, tail_start))
-    value = total + tail
-    # the CPU kernel's order: the pole at s = 1, s < 1, poles at integer q <= 0, then non-integer s for q <= 0
-    value = jnp.where((q <= 0) & (s != jnp.floor(s)), jnp.nan, value)
-    value = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, value)
-    return jnp.where(s == 1, jnp.inf, jnp.where(s < 1, jnp.nan, value)).astype(value.dtype)
+    return jnp.where(summed, total + tail, decided).astype(total.dtype)
 
 
 _float_op(prims.zeta, aten.special_zeta)(_hurwitz_zeta)
