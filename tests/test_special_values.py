@@ -126,3 +126,23 @@ def test_hard_activations_round_as_the_cpu(f):
     """clip(x + 3, 0, 6) / 6, the CPU's and CUDA's formula: x / 6 + 0.5 rounds otherwise (hardsigmoid(-1))."""
     x = torch.randn(20000) * 4
     assert _same_bits(f(x.to("neuron")).cpu(), f(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_integer_powers_wrap_as_the_cpu(dtype):
+    """The CPU squares over every bit of the exponent, wrapping: 2^64 is 0 in int64. jnp.power read only the
+    exponent's low 6 bits (2^64 gave 1, 2^100 gave 2^36)."""
+    info = torch.iinfo(dtype)
+    base = torch.tensor([info.min, -100, -3, -2, -1, 0, 1, 2, 3, 7, info.max]).clamp(info.min, info.max).to(dtype)
+    exponent = torch.tensor([0, 1, 2, 7, 8, 31, 63, 64, 65, 100, 127, info.max]).clamp(0, info.max).to(dtype)
+    expected = base[:, None] ** exponent[None, :]
+    assert torch.equal((base.to("neuron")[:, None] ** exponent.to("neuron")[None, :]).cpu(), expected)
+    assert torch.equal((base.to("neuron") ** 100).cpu(), base**100)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.bool])
+def test_copysign_of_integers_in_float_as_the_cpu(dtype):
+    """Integers are copysign's floats first: copysign(int8 -128, 0) is 128.0, where it was 127.0."""
+    a = torch.tensor([-128, 5, -3, 0, 127, 1]).to(dtype)
+    b = torch.tensor([0, -1, 2, -5, 0, 1]).to(dtype)
+    assert _same_bits(torch.copysign(a.to("neuron"), b.to("neuron")).cpu(), torch.copysign(a, b))

@@ -82,6 +82,7 @@ _register_all(
         (aten.erfinv, special.erfinv),
         (aten.reciprocal, jnp.reciprocal),
         (aten.atan2, jnp.arctan2),
+        (aten.copysign, jnp.copysign),
         (aten.div.Tensor, true_divide),
         (aten.div.Scalar, true_divide),
         (aten.sinc, jnp.sinc),
@@ -119,7 +120,6 @@ _register_all(
         (aten.fmin, jnp.fmin),
         (aten.mul, jnp.multiply),
         (aten.hypot, jnp.hypot),
-        (aten.copysign, jnp.copysign),
         (aten.heaviside, lambda x, v: jnp.where(x == 0, v, (x > 0).astype(x.dtype))),
     ],
     DEFAULT,
@@ -338,6 +338,17 @@ lower(aten.gcd.default, prims.gcd.default)(elementwise(_gcd))
 lower(aten.lcm.default)(elementwise(_lcm))
 
 
+def _integer_power(x, y):
+    """x^y for y >= 0, squaring over every bit of y and wrapping as the CPU's powi does: jnp.power reads only
+    y's low 6 bits (2^64 gave 1, 2^100 gave 2^36, the CPU 0)."""
+    x, y = jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))
+    result = jnp.ones_like(x)
+    for _ in range(jnp.iinfo(y.dtype).bits):
+        result = jnp.where(y & 1 == 1, result * x, result)
+        x, y = x * x, y >> 1
+    return result
+
+
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
     (x, y), result = promote(x, y)
@@ -345,7 +356,7 @@ def pow_(x, y):
         return jnp.power(x, y).astype(result)
     # XLA leaves integer powers with negative exponents undefined; PyTorch gives 1/x^n truncated to an integer
     reciprocal = jnp.where(x == 1, 1, jnp.where(x == -1, 1 - 2 * (y % 2), 0)).astype(x.dtype)
-    return jnp.where(y < 0, reciprocal, jnp.power(x, jnp.maximum(y, 0))).astype(result)
+    return jnp.where(y < 0, reciprocal, _integer_power(x, jnp.maximum(y, 0))).astype(result)
 
 
 def _bool_power_meta(op):

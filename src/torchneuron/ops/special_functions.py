@@ -127,9 +127,11 @@ def _hurwitz_zeta(s, q):
 
     total, shifted = lax.while_loop(lambda state: jnp.any(pending(state[1])), body, (jnp.zeros_like(start), start))
     tail_start = jnp.maximum(shifted, _ZETA_SHIFT)
-    # where s is so large that the tail's terms are all 0, JAX's zeta is nan, as the CPU's sum is unless a
-    # summed term (q = 1, or q < 1) is not 0
-    tail = jnp.where((jnp.power(tail_start, -s) == 0) & (total != 0), 0, jsp.zeta(s, tail_start))
+    # where s is so large that the tail's terms are all 0, JAX's zeta is nan; the CPU's is 0 unless q is infinite
+    # or its Euler-Maclaurin product of 23 factors near s overflows a double (s beyond 2.5e13), and no summed term
+    # (q <= 1) is non-zero
+    vanishing = (jnp.power(tail_start, -s) == 0) & jnp.isfinite(tail_start)
+    tail = jnp.where(vanishing & ((total != 0) | (s < 2.5e13)), 0, jsp.zeta(s, tail_start))
     return jnp.where(summed, total + tail, decided).astype(total.dtype)
 
 
