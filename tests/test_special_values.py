@@ -146,3 +146,29 @@ def test_copysign_of_integers_in_float_as_the_cpu(dtype):
     a = torch.tensor([-128, 5, -3, 0, 127, 1]).to(dtype)
     b = torch.tensor([0, -1, 2, -5, 0, 1]).to(dtype)
     assert _same_bits(torch.copysign(a.to("neuron"), b.to("neuron")).cpu(), torch.copysign(a, b))
+
+
+def test_lerp_and_quantile_from_the_nearer_end_as_the_cpu():
+    """PyTorch interpolates from the end nearer the weight: lerp(-inf, 1, 0.9) is -inf, as is the 0.3 quantile of
+    [inf, -inf, 1, 2]; start + w (end - start) gave nan."""
+    start = torch.tensor([-INF, -INF, 1.0, 0.0, INF, 2.0])
+    end = torch.tensor([1.0, 1.0, INF, INF, 1.0, 3.0])
+    weight = torch.tensor([0.9, 0.3, 0.9, 0.3, 0.9, 0.75])
+    assert _same_bits(torch.lerp(start.to("neuron"), end.to("neuron"), weight.to("neuron")).cpu(),
+                      torch.lerp(start, end, weight))
+    x = torch.tensor([[INF, -INF, 1.0, 2.0], [3.0, NAN, INF, -INF], [1.0, 2.0, -INF, 0.0]])
+    for quantile in (torch.quantile, torch.nanquantile):
+        assert _same_bits(quantile(x.to("neuron"), 0.3, dim=1).cpu(), quantile(x, 0.3, dim=1))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_with_nan_as_the_cpu(right):
+    """The CPU's binary search compares with >= (>): a nan value goes past every element, also in a sequence of
+    nans; jnp.searchsorted orders nan last as sort does, and found the first nan instead."""
+    sequence = torch.tensor([[-2.0, 1.0, 3.0, NAN], [NAN, NAN, NAN, NAN], [1.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
+    values = torch.tensor([[NAN, 3.0, 1.0, 9.0], [NAN, 0.0, 1.0, -5.0], [2.0, 1.5, 2.0, 3.0], [0.0, -1.0, 1.0, NAN]])
+    expected = torch.searchsorted(sequence, values, right=right)
+    assert torch.equal(torch.searchsorted(sequence.to("neuron"), values.to("neuron"), right=right).cpu(), expected)
+    boundaries, x = torch.tensor([1.0, 2.0, 2.0, 5.0, NAN]), torch.tensor([0.0, 2.0, 2.5, 5.0, 7.0, NAN])
+    assert torch.equal(torch.bucketize(x.to("neuron"), boundaries.to("neuron"), right=right).cpu(),
+                       torch.bucketize(x, boundaries, right=right))

@@ -411,8 +411,10 @@ def masked_fill(x, mask, value):
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(start, end, weight):
+    """PyTorch's formula, from the nearer end: lerp(-inf, 1, 0.9) is -inf (quantile's interpolation), not nan."""
     (start, end, weight), result = promote(start, end, weight)
-    return (start + weight * (end - start)).astype(result)
+    small = jnp.abs(weight) < 0.5
+    return jnp.where(small, start + weight * (end - start), end - (end - start) * (1 - weight)).astype(result)
 
 
 def _lerp_inplace_meta(overload):

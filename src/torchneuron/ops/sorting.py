@@ -153,12 +153,29 @@ def _side(right, side):
     return side if side is not None else ("right" if right else "left")
 
 
+def _bound(sequence, values, side):
+    """The CPU's lower (upper) bound: a binary search stepping right while not sequence[mid] >= (>) value. Its
+    comparisons put a nan value past every element, where jnp.searchsorted orders nan as sort does (a nan value
+    found the first nan)."""
+    size = sequence.shape[0]
+    start = jnp.zeros(values.shape, jnp.int32)
+    end = jnp.full(values.shape, size, jnp.int32)
+    for _ in range(size.bit_length()):
+        middle = start + (end - start) // 2
+        middle_value = sequence[jnp.minimum(middle, size - 1)]
+        right = ~(middle_value > values) if side == "right" else ~(middle_value >= values)
+        searching = start < end
+        start = jnp.where(searching & right, middle + 1, start)
+        end = jnp.where(searching & ~right, middle, end)
+    return start
+
+
 @lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
     values = jnp.asarray(values, sorted_sequence.dtype if not hasattr(values, "dtype") else values.dtype)
-    search = functools.partial(jnp.searchsorted, side=_side(right, side))
+    search = functools.partial(_bound, side=_side(right, side))
     if sorted_sequence.ndim <= 1:
         found = search(sorted_sequence.reshape(-1), values)
     else:
