@@ -1,6 +1,7 @@
-"""Complex results against the CPU where a lowering once dropped a conjugate or an imaginary part."""
+"""Complex results against the CPU: where a lowering once dropped a conjugate or an imaginary part, and signed zeros on branch cuts."""
 import math
 
+import pytest
 import torch
 
 from conftest import assert_same
@@ -121,3 +122,24 @@ def test_complex32_results_of_data_dependent_ops_keep_their_dtype():
     assert_same(torch.masked_select(x.to("neuron"), mask.to("neuron")), torch.masked_select(x, mask))
     assert_same(torch.masked_select(x.to("neuron").to(torch.complex64), mask.to("neuron")),
                 torch.masked_select(x.to(torch.complex64), mask))
+
+
+_BRANCH_CUTS = {"sqrt": torch.sqrt, "asin": torch.asin, "acos": torch.acos, "atan": torch.atan,
+                "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh}
+
+
+@pytest.mark.parametrize("f", list(_BRANCH_CUTS.values()), ids=list(_BRANCH_CUTS))
+def test_signed_zeros_pick_the_side_of_a_branch_cut_as_the_cpu(f):
+    """C99 (and the CPU) let the sign of a zero part choose the side of a branch cut: sqrt(-1 - 0j) = -1j,
+    asin(2.5 - 0j) has a negative imaginary part. XLA's complex functions ignored the sign."""
+    parts = [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.5, -2.5, 1e30]
+    z = torch.complex(torch.tensor(parts).repeat_interleave(len(parts)), torch.tensor(parts).repeat(len(parts)))
+    got, expected = f(z.to("neuron")).cpu(), f(z)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(got.imag.signbit() | (got.imag == 0), expected.imag.signbit() | (expected.imag == 0))
+    assert torch.equal(got.real.signbit() | (got.real == 0), expected.real.signbit() | (expected.real == 0))
+
+
+def test_abs_of_an_infinite_part_beside_nan_is_inf():
+    z = torch.tensor([complex(float("inf"), float("nan")), complex(float("nan"), -float("inf")), complex(3, 4)])
+    assert torch.equal(torch.abs(z.to("neuron")).cpu(), torch.abs(z))

@@ -36,6 +36,51 @@ def _round_half_even(x):
     return jnp.round(x)
 
 
+# XLA's complex functions ignore the sign of a zero part, which picks the side of a branch cut in C99 and on the
+# CPU: sqrt(-1 - 0j) is -1j there, and asin(2.5 - 0j) has a negative imaginary part. Each is computed where XLA is
+# right and signed by the function's symmetries.
+
+
+def _signed_zero_aware(real_fn, complex_fn):
+    def lowering(z):
+        return complex_fn(z) if jnp.iscomplexobj(z) else real_fn(z)
+
+    return lowering
+
+
+def _odd_and_conjugate_symmetric(fn):
+    """f(-z) = -f(z) and f(conj z) = conj f(z) (asin, asinh, atan, atanh): f of the first quadrant, signed."""
+    def complex_fn(z):
+        w = fn(lax.complex(jnp.abs(z.real), jnp.abs(z.imag)))
+        return lax.complex(jnp.copysign(w.real, z.real), jnp.copysign(w.imag, z.imag))
+
+    return _signed_zero_aware(fn, complex_fn)
+
+
+def _complex_sqrt(z):
+    """sqrt(conj z) = conj sqrt(z); the imaginary part has the sign of z's."""
+    w = jnp.sqrt(z)
+    return lax.complex(w.real, jnp.copysign(w.imag, z.imag))
+
+
+def _complex_arccos(z):
+    """acos(conj z) = conj acos(z), acos(-z) = pi - acos(z): from the first quadrant."""
+    w = jnp.arccos(lax.complex(jnp.abs(z.real), jnp.abs(z.imag)))
+    real = jnp.where(jnp.signbit(z.real), jnp.pi - w.real, w.real)
+    return lax.complex(real, jnp.where(jnp.signbit(z.imag), -w.imag, w.imag))
+
+
+def _complex_arccosh(z):
+    """acosh(z) = i acos(z) in the upper half-plane, whose acos has an imaginary part <= 0; conjugated below."""
+    w = _complex_arccos(lax.complex(z.real, jnp.abs(z.imag)))
+    return lax.complex(-w.imag, jnp.where(jnp.signbit(z.imag), -w.real, w.real))
+
+
+def _complex_abs(z):
+    """hypot's rule, as C99's cabs: an infinite part makes it infinite, even beside nan."""
+    return jnp.where(jnp.isinf(z.real) | jnp.isinf(z.imag), jnp.inf, jnp.abs(z))
+
+
 def _exp2(x):
     """XLA's exp2, exp(x * ln 2), is up to 33 ulps off in float32 (2^100 too), where its pow is within one."""
     return lax.pow(jnp.asarray(2, x.dtype), x)
@@ -62,20 +107,20 @@ _register_all(
         (aten.log2, jnp.log2),
         (aten.log10, jnp.log10),
         (aten.log1p, jnp.log1p),
-        (aten.sqrt, jnp.sqrt),
+        (aten.sqrt, _signed_zero_aware(jnp.sqrt, _complex_sqrt)),
         (aten.rsqrt, lax.rsqrt),
         (aten.sin, jnp.sin),
         (aten.cos, jnp.cos),
         (aten.tan, jnp.tan),
-        (aten.asin, jnp.arcsin),
-        (aten.acos, jnp.arccos),
-        (aten.atan, jnp.arctan),
+        (aten.asin, _odd_and_conjugate_symmetric(jnp.arcsin)),
+        (aten.acos, _signed_zero_aware(jnp.arccos, _complex_arccos)),
+        (aten.atan, _odd_and_conjugate_symmetric(jnp.arctan)),
         (aten.sinh, jnp.sinh),
         (aten.cosh, jnp.cosh),
         (aten.tanh, jnp.tanh),
-        (aten.asinh, jnp.arcsinh),
-        (aten.acosh, jnp.arccosh),
-        (aten.atanh, jnp.arctanh),
+        (aten.asinh, _odd_and_conjugate_symmetric(jnp.arcsinh)),
+        (aten.acosh, _signed_zero_aware(jnp.arccosh, _complex_arccosh)),
+        (aten.atanh, _odd_and_conjugate_symmetric(jnp.arctanh)),
         (aten.sigmoid, jax.nn.sigmoid),
         (aten.erf, special.erf),
         (aten.erfc, special.erfc),
@@ -96,7 +141,7 @@ _register_all(
     [
         (aten.neg, jnp.negative),
         (aten._neg_view, jnp.negative),  # a lazy view eagerly (eager/math_bits.py); its values in a graph
-        (aten.abs, jnp.abs),
+        (aten.abs, _signed_zero_aware(jnp.abs, _complex_abs)),
         (aten.sign, _sign),
         (aten.sgn, _sign),
         (aten.square, jnp.square),
