@@ -1,4 +1,5 @@
-"""Complex results against the CPU: where a lowering once dropped a conjugate or an imaginary part, and signed zeros on branch cuts."""
+"""Complex results against the CPU: where a lowering once dropped a conjugate or an imaginary part, and signed
+zeros on branch cuts."""
 import math
 
 import pytest

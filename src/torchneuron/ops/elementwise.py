@@ -231,7 +231,10 @@ def div_mode(x, y, *, rounding_mode=None):
     (x, y), result = promote(x, y)
     if rounding_mode == "trunc":
         # lax.div truncates, but neither broadcasts nor promotes
-        out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype))) if _is_integral(x) else jnp.trunc(true_divide(x, y))
+        if _is_integral(x):
+            out = lax.div(*jnp.broadcast_arrays(x, jnp.asarray(y, x.dtype)))
+        else:
+            out = jnp.trunc(true_divide(x, y))
     else:
         out = jnp.floor_divide(x, y) if _is_integral(x) else _div_floor_floating(x, y)
     return out.astype(result)

@@ -113,9 +113,11 @@ def _hurwitz_zeta(s, q):
     s = jnp.broadcast_to(s, start.shape)
     # the CPU kernel's order: the pole at s = 1, s < 1, poles at integer q <= 0, then non-integer s for q <= 0;
     # those are not summed (q = -2^31 would take 2^31 steps)
-    decided = jnp.where(s == 1, jnp.inf, jnp.where(s < 1, jnp.nan, jnp.where(
-        (start <= 0) & (start == jnp.floor(start)), jnp.inf, jnp.where((start <= 0) & (s != jnp.floor(s)), jnp.nan, 0))))
-    summed = ~(s <= 1) & ~((start <= 0) & ((start == jnp.floor(start)) | (s != jnp.floor(s))))
+    pole = (start <= 0) & (start == jnp.floor(start))
+    undefined = (start <= 0) & (s != jnp.floor(s))
+    decided = jnp.where(pole, jnp.inf, jnp.where(undefined, jnp.nan, 0))
+    decided = jnp.where(s == 1, jnp.inf, jnp.where(s < 1, jnp.nan, decided))
+    summed = ~(s <= 1) & ~pole & ~undefined
 
     def pending(a):
         return (a < _ZETA_SHIFT) & jnp.isfinite(a) & summed
@@ -142,7 +144,9 @@ def _zeta_minus_one(k: int) -> float:
     """zeta(k) - 1 for an integer k >= 2: fifty terms and the Euler-Maclaurin remainder, to double precision."""
     n = 50
     head = sum(m**-k for m in range(2, n + 1))
-    return head + n ** (1 - k) / (k - 1) - n**-k / 2 + k * n ** (-k - 1) / 12 - k * (k + 1) * (k + 2) * n ** (-k - 3) / 720
+    remainder = n ** (1 - k) / (k - 1) - n**-k / 2 + k * n ** (-k - 1) / 12
+    remainder -= k * (k + 1) * (k + 2) * n ** (-k - 3) / 720
+    return head + remainder
 
 
 # Taylor coefficients of lgamma(1 + z) and lgamma(2 + z) from z^1 on: -gamma z + sum (-1)^k zeta(k) / k z^k, and
