@@ -71,7 +71,8 @@ def log_ndtr(x):
 
 
 # Temme's uniform expansion (DLMF 8.12): Q(a, x) = erfc(eta sqrt(a/2)) / 2 + R, with lambda = x / a,
-# eta = sign(lambda - 1) sqrt(2 (lambda - 1 - log lambda)), R = exp(-a eta^2 / 2) / sqrt(2 pi a) (C0(eta) + C1(eta) / a).
+# eta = sign(lambda - 1) sqrt(2 (lambda - 1 - log lambda)),
+# R = exp(-a eta^2 / 2) / sqrt(2 pi a) (C0(eta) + C1(eta) / a).
 # Near eta = 0 the closed forms of C0 and C1 cancel, and their Taylor series serve.
 _TEMME_C0 = [-1 / 3, 1 / 12, -2 / 135, 1 / 864, 1 / 2835, -139 / 777600]
 _TEMME_C1 = [-1 / 540, -1 / 288, 1 / 378, -139 / 51840]
