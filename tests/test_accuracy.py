@@ -6,7 +6,7 @@ import torch
 def test_exp2_is_exact_for_integers_and_within_an_ulp():
     """XLA's exp2 computes exp(x * ln 2): 2^100 was 1.2676533e30 (the CPU 1.2676506e30, exact) and 85% of float32
     values differed, up to 33 ulps."""
-    x = torch.cat([torch.arange(-126.0, 128.0), torch.randn(10000) * 30])
+    x = torch.cat([torch.arange(-126.0, 128.0), torch.randn(10000).clamp(-4, 4) * 30])
     got, expected = torch.exp2(x.to("neuron")).cpu(), torch.exp2(x)
     assert torch.equal(got[:254], expected[:254])
     torch.testing.assert_close(got, expected, atol=0, rtol=2.0**-23)
