@@ -54,9 +54,10 @@ _DIVISIONS_BY_A_BROADCAST = {
 @pytest.mark.parametrize("divide", list(_DIVISIONS_BY_A_BROADCAST.values()), ids=list(_DIVISIONS_BY_A_BROADCAST))
 def test_division_by_a_broadcast_divisor_as_the_cpu(divide, dtype):
     """XLA rewrites x / broadcast(d) as x * (1 / d): a quarter of float32 quotients were one ulp off, round(0.1, 2)
-    gave 0.099999994, and 0.3 // 0.1 truncated gave 3. round(decimals) computes half precision in float32, as the
-    CPU does: 65504 * 100 overflowed to inf in float16."""
-    x = torch.cat([torch.rand(4000) * 10, torch.tensor([0.1, 0.3, 0.7, 1.005, 2.675, 65504.0, -0.3])]).to(dtype)
+    gave 0.099999994, and 1.3 / 0.1 truncated gave 13 (the CPU 12). round(decimals) computes half precision in
+    float32, as the CPU does: 65504 * 100 overflowed to inf in float16."""
+    special = torch.tensor([0.1, 0.3, 1.3, 2.1, 4.5, 1.005, 2.675, 65504.0, -0.3])
+    x = torch.cat([torch.rand(4000) * 10, special]).to(dtype)
     expected = divide(x)
     assert _same_bits(divide(x.to("neuron")).cpu(), expected)
 
