@@ -48,10 +48,14 @@ def _signed_zero_aware(real_fn, complex_fn):
     return lowering
 
 
+def _first_quadrant(z):
+    return lax.complex(jnp.abs(z.real), jnp.abs(z.imag))
+
+
 def _odd_and_conjugate_symmetric(fn):
     """f(-z) = -f(z) and f(conj z) = conj f(z) (asin, asinh, atan, atanh): f of the first quadrant, signed."""
     def complex_fn(z):
-        w = fn(lax.complex(jnp.abs(z.real), jnp.abs(z.imag)))
+        w = fn(_first_quadrant(z))
         return lax.complex(jnp.copysign(w.real, z.real), jnp.copysign(w.imag, z.imag))
 
     return _signed_zero_aware(fn, complex_fn)
@@ -65,7 +69,7 @@ def _complex_sqrt(z):
 
 def _complex_arccos(z):
     """acos(conj z) = conj acos(z), acos(-z) = pi - acos(z): from the first quadrant."""
-    w = jnp.arccos(lax.complex(jnp.abs(z.real), jnp.abs(z.imag)))
+    w = jnp.arccos(_first_quadrant(z))
     real = jnp.where(jnp.signbit(z.real), jnp.pi - w.real, w.real)
     return lax.complex(real, jnp.where(jnp.signbit(z.imag), -w.imag, w.imag))
 
@@ -89,9 +93,9 @@ def _exp2(x):
 def true_divide(a, b):
     """a / b as the CPU computes it. XLA rewrites a division by a broadcast divisor (a Python number, a row of
     norms) into a multiplication by its reciprocal: one ulp off for about a quarter of quotients, and a whole
-    integer off once truncated (0.3 / 0.1). Behind an optimization barrier the divisor is no broadcast to that
-    rewrite; the barrier is gone before fusion, so the division still fuses with the broadcast. Complex
-    quotients keep XLA's division: c10's complex division multiplies by a reciprocal itself."""
+    integer off once truncated (1.3 / 0.1 gave 13, the CPU 12). Behind an optimization barrier the divisor is
+    no broadcast to that rewrite; the barrier is gone before fusion, so the division still fuses with the
+    broadcast. Complex quotients keep XLA's division: c10's complex division multiplies by a reciprocal itself."""
     if jnp.iscomplexobj(a) or jnp.iscomplexobj(b):
         return jnp.true_divide(a, b)
     shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))

@@ -198,10 +198,7 @@ _LGAMMA_NEAR_2 = [1 - _EULER_GAMMA] + [(-1) ** k * _zeta_minus_one(k) / k for k 
 
 def _series(coefficients, z):
     """sum of c_k z^k from k = 1, +0 at z = 0 (as lgamma(1) is)"""
-    total = jnp.zeros_like(z)
-    for c in reversed(coefficients):
-        total = (total + c) * z
-    return jnp.where(z == 0, 0, total)
+    return jnp.where(z == 0, 0, z * _polynomial_value(coefficients, z))
 
 
 @_float_op(aten.lgamma)
