@@ -1,6 +1,9 @@
 """The native core: a device PyTorch sees as several (guard, autograd engine), device generators,
 real storages, streams and events. XLA:CPU gives 2 devices by default, so neuron:1 exists here."""
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -93,6 +96,40 @@ def test_backward_in_a_thread_and_double_backward_on_neuron_1():
     assert gg.device == torch.device("neuron", 1)
     assert_same(g.detach(), 3 * x_cpu ** 2)
     assert_same(gg, 6 * x_cpu)
+
+
+_BACKWARD_THREAD = """
+import threading, torch
+seen = {}
+
+class Probe(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        seen[threading.get_ident()] = torch.neuron.current_device()
+        return grad * 2
+
+x = torch.randn(3, device="neuron:1", requires_grad=True)
+Probe.apply(x).sum().backward()
+torch.autograd.grad(Probe.apply(x).sum(), x)
+assert torch.neuron.current_device() == 0 and x.grad.cpu().tolist() == [2.0] * 3
+print(threading.get_ident() in seen, set(seen.values()))
+"""
+
+
+@pytest.mark.parametrize("device_threads", ["0", "1"])
+def test_backward_runs_on_the_calling_thread_on_its_device(device_threads):
+    """A backward from neuron roots runs on the calling thread (patches.backward_runs_on_the_calling_thread:
+    a device thread cost the whole step a third more CPU time), its nodes on their tensors' device as on the
+    engine's device threads, which TORCHNEURON_AUTOGRAD_DEVICE_THREADS=1 keeps."""
+    env = dict(os.environ, TORCHNEURON_AUTOGRAD_DEVICE_THREADS=device_threads)
+    run = subprocess.run([sys.executable, "-c", _BACKWARD_THREAD], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[-2] == f"{device_threads == '0'} {{1}}"
 
 
 def test_an_error_in_backward_on_neuron_1_is_raised_not_fatal():

@@ -76,6 +76,36 @@ def foreach_tensor_type() -> None:
             allowlist.append(NeuronTensor)
 
 
+@_patch
+def backward_runs_on_the_calling_thread() -> None:
+    """The autograd engine runs every device's backward nodes on a thread of that device's, except the CPU's,
+    Meta's and Lazy's (engine.cpp `should_run_in_cpu_ready_queue`), and a PrivateUse1 backend cannot join
+    them. Our backward nodes are Python that launches asynchronous executables: a thread of their own overlaps
+    nothing (the caller waits for the backward), and it moved the step's Python objects (refcounts, caches,
+    the modules') between cores at every backward, which slowed the caller's own forward and optimizer step
+    as much as the backward (a third more CPU time for the small GPT's step at negligible sizes; pinned to one
+    core, the two threads cost what one does). A backward from neuron roots runs on the calling thread, as
+    under `torch.autograd.set_multithreading_enabled(False)`, for `backward()` and `autograd.grad()` alike;
+    `TORCHNEURON_AUTOGRAD_DEVICE_THREADS=1` keeps PyTorch's device threads."""
+    if os.environ.get("TORCHNEURON_AUTOGRAD_DEVICE_THREADS", "0") == "1":
+        return
+    original = torch.autograd.graph._engine_run_backward
+    is_enabled, set_enabled = torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
+
+    @functools.wraps(original)
+    def engine_run_backward(t_outputs, *args, **kwargs):
+        if not any(isinstance(t, NeuronTensor) for t in t_outputs) or not is_enabled():
+            return original(t_outputs, *args, **kwargs)
+        set_enabled(False)
+        try:
+            return original(t_outputs, *args, **kwargs)
+        finally:
+            set_enabled(True)
+
+    engine_run_backward.neuron_patched = True
+    torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = engine_run_backward
+
+
 def _holds_neuron(module) -> bool:
     return any(t.device.type == "neuron" for t in module.parameters())
 
@@ -624,6 +654,7 @@ def apply() -> None:
         return
     torch_load_map_location_neuron()
     foreach_tensor_type()
+    backward_runs_on_the_calling_thread()
     tied_parameters_on_conversion()
     transformer_encoder_masks_padding_instead_of_nesting()
     fake_convolutions_on_neuron_take_the_eager_memory_format()
@@ -658,6 +689,7 @@ def applied() -> dict:
         ),
         "tangents_accept_neuron_tensors": hasattr(NeuronTensor, "__coerce_same_metadata_as_tangent__"),
         "proxy_tracing_takes_neuron_tensors_as_tensors": NeuronTensor in proxy_tensor.HANDLED_TYPES,
+        "backward_runs_on_the_calling_thread": getattr(torch.autograd._engine_run_backward, "neuron_patched", False),
         "dynamo_skips_torchneuron_frames": all(_skipped_by_dynamo(p) for p in _RUNTIME_PACKAGES),
         "flex_attention_runs_under_aot_analysis": _flex_attention_watched(),
         "compiled_optimizers_capture_on_neuron": getattr(OptimizerVariable._set_capturable, "neuron_patched", False),

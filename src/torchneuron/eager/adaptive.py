@@ -210,11 +210,9 @@ queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
 class _LoopBoundaries:
-    """Runs the queue after each optimizer step. With the cut the queue makes where the recording thread
-    changes (forward on the caller's thread, backward on the autograd engine's device thread), a training
-    step's queues start at the same ops in every iteration, and iterations replay the same few fused
-    executables; queues cut only by the op limit would start at a different op in each iteration, and each
-    new structure is a new compile. No module hooks: any global module hook makes every module call take
+    """Runs the queue after each optimizer step, so that a training step's queues start at the same ops in
+    every iteration and iterations replay the same few fused executables; queues cut only by the op limit
+    would start at a different op in each iteration, and each new structure is a new compile. No module hooks: any global module hook makes every module call take
     PyTorch's slower path and `torch.compile(module)` warn."""
 
     def __init__(self):
