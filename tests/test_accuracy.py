@@ -45,3 +45,28 @@ def test_incomplete_gamma_of_large_a():
     for f in (torch.special.gammainc, torch.special.gammaincc):
         expected = f(a.double(), x.double()).float()
         torch.testing.assert_close(f(a.to("neuron"), x.to("neuron")).cpu(), expected, atol=3e-6, rtol=0)
+
+
+# (a, x, P, Q) from mpmath at 40 digits
+_SMALL_A = [
+    (1.1754943508222875e-38, 0.35, 1.0, 9.3359575673266035e-39),
+    (1e-20, 0.35, 1.0, 7.942154346208358e-21),
+    (1e-06, 0.35, 0.99999920578434203, 7.9421565797037305e-7),
+    (0.001, 0.745, 0.99965621467427274, 0.00034378532572726035),
+    (0.05, 0.0001, 0.64812693926266901, 0.35187306073733099),
+    (0.5, 0.5, 0.6826894921370859, 0.3173105078629141),
+    (1.0, 1.05, 0.65006225088884466, 0.34993774911115534),
+]
+
+
+def test_incomplete_gamma_of_small_a():
+    """lax computes Q as 1 - P for x <= 1.1, which is 0 for a below about 1e-6 in float32 (Q(1e-6, 0.35) is 7.9e-7),
+    and its factor x^a e^-x / Gamma(a) of P flushes to zero for a near the smallest normal float32 (P was 0, not 1).
+    The series the CPU takes there (DLMF 8.7.3) serves both, with lgamma(1 + a) by its Taylor series: the CPU's own
+    float32 and float64 Q are 73% off for a = 1e-20, as 1 + a rounds to 1 in its lgamma."""
+    a, x, p, q = (torch.tensor(column, dtype=torch.float64) for column in zip(*_SMALL_A))
+    for dtype, rtol in ((torch.float64, 1e-14), (torch.float32, 2e-6)):
+        for f, expected in ((torch.special.gammainc, p), (torch.special.gammaincc, q)):
+            got = f(a.to("neuron", dtype), x.to("neuron", dtype)).cpu()
+            # Q(1.2e-38, 0.35) is subnormal in float32, which XLA:CPU flushes to zero
+            torch.testing.assert_close(got, expected.to(dtype), rtol=rtol, atol=torch.finfo(dtype).tiny)

@@ -106,6 +106,25 @@ def _temme(a, x):
     return jsp.erfc(-root) / 2 - r, jsp.erfc(root) / 2 + r
 
 
+def _small_x_series(a, x):
+    """(P, Q) where the CPU takes DLMF 8.7.3 for Q, x <= 1.1 and a small against it: with S = sum over n >= 1 of
+    (-x)^n / (n! (a + n)), P = x^a / Gamma(a + 1) (1 + a S) and Q = -expm1(a log x - lgamma(1 + a)) - P + the
+    same first term. lax computes Q as 1 - P there (0 for a below 1e-6 in float32, where the CPU's is about a), and
+    its factor x^a e^-x / Gamma(a) of P flushes to zero for a near the smallest normal float (P was 0, not 1)."""
+    log_front = a * jnp.log(x) - _lgamma_one_plus(a)
+    term, total = jnp.ones_like(x), jnp.zeros_like(x)
+    for n in range(1, 21):  # x^n / n! below 1e-17 by n = 20 for x <= 1.1
+        term = term * -x / n
+        total = total + term / (a + n)
+    front = jnp.exp(log_front)
+    return front * (1 + a * total), -jnp.expm1(log_front) - front * a * total
+
+
+def _in_small_x_series(a, x):
+    """Where the CPU kernel computes Q by the series of `_small_x_series`."""
+    return (a > 0) & (x > 0) & (((x <= 0.5) & (-0.4 / jnp.log(x) >= a)) | ((x > 0.5) & (x <= 1.1) & (x * 1.1 >= a)))
+
+
 def _incomplete_gamma(regularized, lower: bool):
     """lax's regularized incomplete gamma function inside the CPU kernel's boundaries (SciPy's), tested in its
     order, so that nan meets them as it does there: a or x below 0 is nan; a = 0 gives the whole integral for
@@ -118,6 +137,9 @@ def _incomplete_gamma(regularized, lower: bool):
         large = a >= start
         expanded = _temme(jnp.where(large, a, start), jnp.where(large, x, start))[0 if lower else 1]
         value = jnp.where(large, expanded, regularized(jnp.where(large, 1, a), jnp.where(large, 1, x)))
+        small = _in_small_x_series(a, x)
+        value = jnp.where(small, _small_x_series(jnp.where(small, a, 0.5), jnp.where(small, x, 0.5))[0 if lower else 1],
+                          value)
         value = jnp.where(jnp.isinf(x), whole, value)
         value = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), jnp.nan, empty), value)
         value = jnp.where(x == 0, empty, value)
@@ -199,6 +221,12 @@ _LGAMMA_NEAR_2 = [1 - _EULER_GAMMA] + [(-1) ** k * _zeta_minus_one(k) / k for k 
 def _series(coefficients, z):
     """sum of c_k z^k from k = 1, +0 at z = 0 (as lgamma(1) is)"""
     return jnp.where(z == 0, 0, z * _polynomial_value(coefficients, z))
+
+
+def _lgamma_one_plus(z):
+    """lgamma(1 + z), accurate for small z, which 1 + z would round away."""
+    near = jnp.abs(z) < 0.1
+    return jnp.where(near, _series(_LGAMMA_NEAR_1, jnp.where(near, z, 0)), lgamma(1 + z))
 
 
 @_float_op(aten.lgamma)
