@@ -144,3 +144,13 @@ def test_signed_zeros_pick_the_side_of_a_branch_cut_as_the_cpu(f):
 def test_abs_of_an_infinite_part_beside_nan_is_inf():
     z = torch.tensor([complex(float("inf"), float("nan")), complex(float("nan"), -float("inf")), complex(3, 4)])
     assert torch.equal(torch.abs(z.to("neuron")).cpu(), torch.abs(z))
+
+
+@pytest.mark.parametrize("exponent", [None, 2.0, 0.5, 0, -1.0, -2, 1j, 0.5 + 1j])
+def test_powers_of_complex_zero_are_the_cpus(exponent):
+    """exp(y log 0) is nan: 0 ** y was nan where the CPU gives 0 (Re(y) > 0) or inf + nan j (Re(y) < 0); a tensor y
+    with Re(y) = 0 gives nan there, a number 0 gives 1."""
+    z = torch.tensor([0j, -0j, complex(0, -0.0), complex(-0.0, -0.0), 1 + 1j] * 5)
+    y = torch.tensor([2, 0.5 + 1j, -1 + 1j, 1j, 0j]).repeat_interleave(5) if exponent is None else exponent
+    on_neuron = y.to("neuron") if exponent is None else y
+    torch.testing.assert_close((z.to("neuron") ** on_neuron).cpu(), z ** y, equal_nan=True)

@@ -401,9 +401,20 @@ def _integer_power(x, y):
     return result
 
 
+def _complex_power(x, y):
+    """x^y, with the CPU's values at x = 0, where exp(y log x) is nan: 0 if Re(y) > 0, inf + nan j if Re(y) < 0,
+    nan otherwise (also for a tensor y = 0; a number 0 gives 1)."""
+    real = jnp.real(y)
+    at_zero = jnp.where(real > 0, 0, jnp.where(real < 0, complex(jnp.inf, jnp.nan), complex(jnp.nan, jnp.nan)))
+    return jnp.where(x == 0, at_zero.astype(x.dtype), jnp.power(x, y))
+
+
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
+    exponent_zero = isinstance(y, (int, float, complex)) and y == 0
     (x, y), result = promote(x, y)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not exponent_zero:
+        return _complex_power(x, y).astype(result)
     if not jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.power(x, y).astype(result)
     # XLA leaves integer powers with negative exponents undefined; PyTorch gives 1/x^n truncated to an integer
