@@ -154,3 +154,23 @@ def test_powers_of_complex_zero_are_the_cpus(exponent):
     y = torch.tensor([2, 0.5 + 1j, -1 + 1j, 1j, 0j]).repeat_interleave(5) if exponent is None else exponent
     on_neuron = y.to("neuron") if exponent is None else y
     torch.testing.assert_close((z.to("neuron") ** on_neuron).cpu(), z ** y, equal_nan=True)
+
+
+@pytest.mark.parametrize("f", [torch.atanh, torch.atan, torch.log1p, torch.sinh, torch.cosh])
+def test_complex_functions_next_to_their_singularities(f):
+    """Within 1e-19 of atanh's singularity at 1 (atan's at i, log1p's at -1) |1 - z|^2 underflowed and the result
+    was infinite (atanh(1 + 1e-20j) = 23.37 + 0.785j); sinh and cosh of a tiny real part lost it (sinh(1e-20 + 1j)
+    had a real part of 0, not 5.4e-21)."""
+    tiny = [1e-20, -1e-20, 1e-30, 3e-10]
+    points = {torch.atanh: [complex(s, t) for s in (1, -1) for t in tiny],
+              torch.atan: [complex(t, s) for s in (1, -1) for t in tiny],
+              torch.log1p: [complex(-1, t) for t in tiny] + [complex(-1 + 1e-7, 1e-20)],
+              torch.sinh: [complex(t, y) for y in (1, 0.5, -2.5) for t in tiny],
+              torch.cosh: [complex(t, y) for y in (1, 0.5, -2.5) for t in tiny]}[f]
+    z = torch.tensor(points, dtype=torch.complex64)
+    torch.testing.assert_close(f(z.to("neuron")).cpu(), f(z.to(torch.complex128)).to(torch.complex64))
+
+
+def test_complex_rsqrt_is_the_reciprocal_of_sqrt():
+    z = torch.tensor([-1 + 0j, complex(-1, -0.0), -4 + 0j, 1j, 2 + 0j], dtype=torch.complex64)
+    assert torch.equal(torch.rsqrt(z.to("neuron")).cpu(), torch.rsqrt(z))

@@ -52,10 +52,11 @@ def _first_quadrant(z):
     return lax.complex(jnp.abs(z.real), jnp.abs(z.imag))
 
 
-def _odd_and_conjugate_symmetric(fn):
-    """f(-z) = -f(z) and f(conj z) = conj f(z) (asin, asinh, atan, atanh): f of the first quadrant, signed."""
+def _odd_and_conjugate_symmetric(fn, first_quadrant_fn=None):
+    """f(-z) = -f(z) and f(conj z) = conj f(z) (asin, asinh, atan, atanh): f of the first quadrant
+    (`first_quadrant_fn`, else `fn`), signed."""
     def complex_fn(z):
-        w = fn(_first_quadrant(z))
+        w = (first_quadrant_fn or fn)(_first_quadrant(z))
         return lax.complex(jnp.copysign(w.real, z.real), jnp.copysign(w.imag, z.imag))
 
     return _signed_zero_aware(fn, complex_fn)
@@ -78,6 +79,64 @@ def _complex_arccosh(z):
     """acosh(z) = i acos(z) in the upper half-plane, whose acos has an imaginary part <= 0; conjugated below."""
     w = _complex_arccos(lax.complex(z.real, jnp.abs(z.imag)))
     return lax.complex(-w.imag, jnp.where(jnp.signbit(z.imag), -w.real, w.real))
+
+
+# |1 - z|^2 and the like underflow where z is within 1e-19 of a singularity (float32): there the real part is the
+# difference of two logarithms of distances (atanh(1 + 1e-20j) was inf, the CPU 23.37)
+_NEAR_SINGULARITY = 1e-3
+
+
+def _log_distance_ratio(near, far):
+    """log(far / near) / 2, where `near` is below _NEAR_SINGULARITY (a placeholder elsewhere)."""
+    return (jnp.log(far) - jnp.log(jnp.where(near < _NEAR_SINGULARITY, near, 1))) / 2
+
+
+def _complex_arctanh(z):
+    """atanh of the first quadrant: XLA's, with the real part near z = 1 from the distances to 1 and -1."""
+    w = jnp.arctanh(z)
+    gap = jnp.hypot(1 - z.real, z.imag)
+    return lax.complex(jnp.where(gap < _NEAR_SINGULARITY, _log_distance_ratio(gap, jnp.hypot(1 + z.real, z.imag)),
+                                 w.real), w.imag)
+
+
+def _complex_arctan(z):
+    """atan of the first quadrant: XLA's, with the imaginary part near z = i from the distances to i and -i."""
+    w = jnp.arctan(z)
+    gap = jnp.hypot(z.real, 1 - z.imag)
+    return lax.complex(w.real, jnp.where(gap < _NEAR_SINGULARITY,
+                                         _log_distance_ratio(gap, jnp.hypot(z.real, 1 + z.imag)), w.imag))
+
+
+def _complex_log1p(z):
+    """XLA's, with the real part log |1 + z| as the logarithm of that distance near z = -1."""
+    w = jnp.log1p(z)
+    gap = jnp.hypot(1 + z.real, z.imag)
+    near = gap < _NEAR_SINGULARITY
+    return lax.complex(jnp.where(near, jnp.log(jnp.where(near, gap, 1)), w.real), w.imag)
+
+
+def _complex_rsqrt(z):
+    """1 / sqrt(z), as the CPU computes it: exactly -1j for -1 (XLA's was 4e-8 off the axis)."""
+    return 1 / _complex_sqrt(z)
+
+
+def _hyperbolic(real_part, imag_part, fn):
+    """sinh or cosh of a complex z, from the real functions where |Re z| < 1 (XLA's flushed sinh(1e-20 + 1j)'s
+    real part to 0); XLA's elsewhere, with its overflow and special values. A part that is sinh(Re z) times a
+    trigonometric function is zero for Re z = 0, also beside an infinite Im z (C99's cosh(i inf) = nan + 0j)."""
+    def with_sinh_factor(x, value):
+        return jnp.where(x == 0, x, value)
+
+    def complex_fn(z):
+        x, y = z.real, z.imag
+        small = jnp.abs(x) < 1
+        x = jnp.where(small, x, 0)
+        w = fn(z)
+        real, imag = real_part(x) * jnp.cos(y), imag_part(x) * jnp.sin(y)
+        real, imag = (with_sinh_factor(x, real), imag) if real_part is jnp.sinh else (real, with_sinh_factor(x, imag))
+        return lax.complex(jnp.where(small, real, w.real), jnp.where(small, imag, w.imag))
+
+    return _signed_zero_aware(fn, complex_fn)
 
 
 def _complex_abs(z):
@@ -110,21 +169,21 @@ _register_all(
         (aten.log, jnp.log),
         (aten.log2, jnp.log2),
         (aten.log10, jnp.log10),
-        (aten.log1p, jnp.log1p),
+        (aten.log1p, _signed_zero_aware(jnp.log1p, _complex_log1p)),
         (aten.sqrt, _signed_zero_aware(jnp.sqrt, _complex_sqrt)),
-        (aten.rsqrt, lax.rsqrt),
+        (aten.rsqrt, _signed_zero_aware(lax.rsqrt, _complex_rsqrt)),
         (aten.sin, jnp.sin),
         (aten.cos, jnp.cos),
         (aten.tan, jnp.tan),
         (aten.asin, _odd_and_conjugate_symmetric(jnp.arcsin)),
         (aten.acos, _signed_zero_aware(jnp.arccos, _complex_arccos)),
-        (aten.atan, _odd_and_conjugate_symmetric(jnp.arctan)),
-        (aten.sinh, jnp.sinh),
-        (aten.cosh, jnp.cosh),
+        (aten.atan, _odd_and_conjugate_symmetric(jnp.arctan, _complex_arctan)),
+        (aten.sinh, _hyperbolic(jnp.sinh, jnp.cosh, jnp.sinh)),
+        (aten.cosh, _hyperbolic(jnp.cosh, jnp.sinh, jnp.cosh)),
         (aten.tanh, jnp.tanh),
         (aten.asinh, _odd_and_conjugate_symmetric(jnp.arcsinh)),
         (aten.acosh, _signed_zero_aware(jnp.arccosh, _complex_arccosh)),
-        (aten.atanh, _odd_and_conjugate_symmetric(jnp.arctanh)),
+        (aten.atanh, _odd_and_conjugate_symmetric(jnp.arctanh, _complex_arctanh)),
         (aten.sigmoid, jax.nn.sigmoid),
         (aten.erf, special.erf),
         (aten.erfc, special.erfc),
