@@ -70,3 +70,25 @@ def test_incomplete_gamma_of_small_a():
             got = f(a.to("neuron", dtype), x.to("neuron", dtype)).cpu()
             # Q(1.2e-38, 0.35) is subnormal in float32, which XLA:CPU flushes to zero
             torch.testing.assert_close(got, expected.to(dtype), rtol=rtol, atol=torch.finfo(dtype).tiny)
+
+
+# (x, Ai(x)) from mpmath at 30 digits
+_AIRY_POINTS = [
+    (-4.0007, -0.069712024263109708),
+    (-4.25, 0.12778292722826728),
+    (-5.0, 0.35076100902411432),
+    (-6.2, -0.35642107366896142),
+    (-7.9, 0.041701883617386709),
+    (-9.0, -0.022133721547341404),
+    (-10.3, -0.23210801885482975),
+    (-11.7, 0.22123780856502757),
+]
+
+
+def test_airy_ai_where_it_starts_to_oscillate():
+    """The asymptotic form took over at x = -4, where it is 6e-7 off (3e-12 at -9, float64): Taylor series around
+    centres from -4.5 to -11.5 cover [-12, -4]."""
+    x, expected = (torch.tensor(column, dtype=torch.float64) for column in zip(*_AIRY_POINTS))
+    torch.testing.assert_close(torch.special.airy_ai(x.to("neuron")).cpu(), expected, rtol=1e-13, atol=0)
+    torch.testing.assert_close(torch.special.airy_ai(x.float().to("neuron")).cpu(),
+                               torch.special.airy_ai(x.float().double()).float(), rtol=1e-6, atol=1e-7)

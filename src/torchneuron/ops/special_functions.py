@@ -420,6 +420,36 @@ def _airy_maclaurin(x):
     return _AIRY_AI_0 * f - _AIRY_AIP_0 * g
 
 
+# (c, Ai(c), Ai'(c)) from mpmath at 30 digits: Taylor series around them cover [-12, -4], where the asymptotic form
+# is short of float64's precision (6e-7 off at -4, 3e-12 at -9) and the Maclaurin series loses it to cancellation
+_AIRY_CENTRES = [
+    (-4.5, 0.29215278105595946688, -0.52336253231574770071),
+    (-5.5, 0.017781541276574975603, 0.86419721777139839077),
+    (-6.5, -0.23802030199711580359, -0.674952492513202173),
+    (-7.5, 0.32177571638064787527, 0.31880950669855459621),
+    (-8.5, -0.33029023763020887902, -0.032313348284639135873),
+    (-9.5, 0.31910324771912820138, -0.108095318811871239),
+    (-10.5, -0.31192603505105060085, 0.090957487390681672879),
+    (-11.5, 0.3054229700435926564, 0.087724154321784443054),
+]
+_AIRY_TAYLOR_TERMS = 24
+
+
+def _airy_taylor(x):
+    """Ai(x) for x in [-12, -4]: the Taylor series around the nearest centre, whose coefficients follow from
+    Airy's equation Ai'' = x Ai: (n + 2)(n + 1) a_{n+2} = c a_n + a_{n-1}."""
+    index = jnp.clip(jnp.floor(-x - 4), 0, len(_AIRY_CENTRES) - 1).astype(jnp.int32)
+    c, value, slope = (jnp.asarray([row[i] for row in _AIRY_CENTRES], x.dtype)[index] for i in range(3))
+    h = x - c
+    previous, current, following = jnp.zeros_like(x), value, slope  # a_{n-1}, a_n, a_{n+1} from n = 0
+    total, power = value + slope * h, h
+    for n in range(_AIRY_TAYLOR_TERMS):
+        previous, current, following = current, following, (c * current + previous) / ((n + 2) * (n + 1))
+        power = power * h
+        total = total + following * power
+    return total
+
+
 def _airy_oscillating(z):
     """Ai(-z) for large z > 0 (DLMF 9.7.9)."""
     zeta = 2 / 3 * z**1.5
@@ -445,11 +475,14 @@ def _airy_decaying(x):
 def airy_ai(x):
     low, high = _AIRY_SERIES_RANGE
     middle = (x >= low) & (x <= high)
+    far = x < _AIRY_CENTRES[-1][0] - 0.5
+    taylor = (x < low) & ~far
     value = jnp.where(
         middle,
         _airy_maclaurin(jnp.where(middle, x, 0)),
-        jnp.where(x < low, _airy_oscillating(jnp.where(x < low, -x, -low)), _airy_decaying(jnp.where(x > high, x, high))),
+        jnp.where(far, _airy_oscillating(jnp.where(far, -x, 100)), _airy_decaying(jnp.where(x > high, x, high))),
     )
+    value = jnp.where(taylor, _airy_taylor(jnp.where(taylor, x, _AIRY_CENTRES[0][0])), value)
     # the CPU kernel's cut-off, beyond which its (and our) decaying form underflows
     value = jnp.where(x > 103.892, 0, value)
     return jnp.where(jnp.isfinite(x), value, jnp.nan)
