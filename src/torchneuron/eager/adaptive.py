@@ -6,8 +6,8 @@ compile are known good) is recorded instead of run: its outputs become
 (the queue's external inputs) or values an earlier queued op produces. Reading
 a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
 fallback, `torch.neuron.synchronize()`), an op that donates buffers, a loop
-boundary (the recording thread changing, an optimizer step, the queue starting
-over) or the queue reaching its limit runs the queue. The first time a queue's
+boundary (the recording thread changing, a backward starting or ending, an
+optimizer step, the queue starting over) or the queue reaching its limit runs the queue. The first time a queue's
 structure is seen its ops run one by one through their compiled executables;
 when the same structure comes round again (the next iteration of a loop) the
 queued programs are traced into one function, compiled once and cached by that
@@ -38,6 +38,8 @@ from ..runtime.storage import Pending
 from ..runtime.transfer import scalar_key
 
 _NUMBERS = (float, int, bool)
+# the autograd engine's graph task running on this thread, -1 outside a backward
+_current_graph_task = torch._C._current_graph_task_id
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
 
 
@@ -63,16 +65,19 @@ class Queue:
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
-        self.thread = None
+        self.recorder = None  # (thread, autograd graph task) recording the queue
 
     def record(self, executable, storages, extras) -> list:
         """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, a random
         key); returns a Pending for each of its results."""
         with self.lock:
-            thread = threading.get_ident()
-            if self.device_index != executable.device_index or self.thread != thread or self._repeats(executable):
+            # forward, backward and the optimizer step queue apart: a backward runs on the calling thread
+            # (patches.backward_runs_on_the_calling_thread) as a graph task of its own
+            recorder = (threading.get_ident(), _current_graph_task())
+            if (self.device_index != executable.device_index or self.recorder != recorder
+                    or self._repeats(executable)):
                 self.flush()
-                self.device_index, self.thread = executable.device_index, thread
+                self.device_index, self.recorder = executable.device_index, recorder
                 _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
             inputs, args = self.inputs, []
             for p in executable.argument_storages:
@@ -222,7 +227,7 @@ class _LoopBoundaries:
     def install(self):
         """Register the hook; once Dynamo is imported, as one it traces (see `_after_step`). Importing Dynamo
         here would add a second to every `import torch` (the backend autoloads): whoever compiles, or makes
-        an optimizer, imports it, and the next install (each change of recording thread calls it) upgrades."""
+        an optimizer, imports it, and the next install (each change of recorder calls it) upgrades."""
         traceable = _dynamo_loaded()
         if self.handle is not None and (self.traceable or not traceable):
             return
