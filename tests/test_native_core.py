@@ -101,20 +101,11 @@ def test_backward_in_a_thread_and_double_backward_on_neuron_1():
 _BACKWARD_THREAD = """
 import threading, torch
 seen = {}
-
-class Probe(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t):
-        return t * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        seen[threading.get_ident()] = torch.neuron.current_device()
-        return grad * 2
-
 x = torch.randn(3, device="neuron:1", requires_grad=True)
-Probe.apply(x).sum().backward()
-torch.autograd.grad(Probe.apply(x).sum(), x)
+y = x * 2
+y.register_hook(lambda grad: seen.update({threading.get_ident(): torch.neuron.current_device()}))
+y.sum().backward(retain_graph=True)
+torch.autograd.grad(y.sum(), x)
 assert torch.neuron.current_device() == 0 and x.grad.cpu().tolist() == [2.0] * 3
 print(threading.get_ident() in seen, set(seen.values()))
 """
