@@ -7,10 +7,10 @@ compile are known good) is recorded instead of run: its outputs become
 a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
 fallback, `torch.neuron.synchronize()`), an op that donates buffers, a loop
 boundary (the recording thread changing, a backward starting or ending, an
-optimizer step, the queue starting over) or the queue reaching its limit runs the queue. The first time a queue's
-structure is seen its ops run one by one through their compiled executables;
-when the same structure comes round again (the next iteration of a loop) the
-queued programs are traced into one function, compiled once and cached by that
+optimizer step, the queue starting over) or the queue reaching its limit runs
+the queue. The first time a queue's structure is seen its ops run one by one
+through their compiled executables; when the same structure comes round again
+(the next iteration of a loop) the queued programs are traced into one function, compiled once and cached by that
 structure, so later iterations run one fused executable each. Only values some live storage still
 holds are returned; XLA drops the rest. Op order, random numbers and errors
 are those of op-by-op eager (each op traces the same program; meta errors are
@@ -217,8 +217,8 @@ queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 class _LoopBoundaries:
     """Runs the queue after each optimizer step, so that a training step's queues start at the same ops in
     every iteration and iterations replay the same few fused executables; queues cut only by the op limit
-    would start at a different op in each iteration, and each new structure is a new compile. No module hooks: any global module hook makes every module call take
-    PyTorch's slower path and `torch.compile(module)` warn."""
+    would start at a different op in each iteration, and each new structure is a new compile. No module hooks:
+    any global module hook makes every module call take PyTorch's slower path and `torch.compile(module)` warn."""
 
     def __init__(self):
         self.handle = None

@@ -82,37 +82,36 @@ def _complex_arccosh(z):
 
 
 # |1 - z|^2 and the like underflow where z is within 1e-19 of a singularity (float32): there the real part is the
-# difference of two logarithms of distances (atanh(1 + 1e-20j) was inf, the CPU 23.37)
+# logarithm of a distance, or half the difference of two (atanh(1 + 1e-20j) was inf, the CPU 23.37)
 _NEAR_SINGULARITY = 1e-3
 
 
-def _log_distance_ratio(near, far):
-    """log(far / near) / 2, where `near` is below _NEAR_SINGULARITY (a placeholder elsewhere)."""
-    return (jnp.log(far) - jnp.log(jnp.where(near < _NEAR_SINGULARITY, near, 1))) / 2
+def _log_of_small(distance):
+    """log(distance) where it is below _NEAR_SINGULARITY (0 elsewhere, where the caller takes XLA's value)."""
+    return jnp.log(jnp.where(distance < _NEAR_SINGULARITY, distance, 1))
 
 
 def _complex_arctanh(z):
     """atanh of the first quadrant: XLA's, with the real part near z = 1 from the distances to 1 and -1."""
     w = jnp.arctanh(z)
     gap = jnp.hypot(1 - z.real, z.imag)
-    return lax.complex(jnp.where(gap < _NEAR_SINGULARITY, _log_distance_ratio(gap, jnp.hypot(1 + z.real, z.imag)),
-                                 w.real), w.imag)
+    near = (jnp.log(jnp.hypot(1 + z.real, z.imag)) - _log_of_small(gap)) / 2
+    return lax.complex(jnp.where(gap < _NEAR_SINGULARITY, near, w.real), w.imag)
 
 
 def _complex_arctan(z):
     """atan of the first quadrant: XLA's, with the imaginary part near z = i from the distances to i and -i."""
     w = jnp.arctan(z)
     gap = jnp.hypot(z.real, 1 - z.imag)
-    return lax.complex(w.real, jnp.where(gap < _NEAR_SINGULARITY,
-                                         _log_distance_ratio(gap, jnp.hypot(z.real, 1 + z.imag)), w.imag))
+    near = (jnp.log(jnp.hypot(z.real, 1 + z.imag)) - _log_of_small(gap)) / 2
+    return lax.complex(w.real, jnp.where(gap < _NEAR_SINGULARITY, near, w.imag))
 
 
 def _complex_log1p(z):
     """XLA's, with the real part log |1 + z| as the logarithm of that distance near z = -1."""
     w = jnp.log1p(z)
     gap = jnp.hypot(1 + z.real, z.imag)
-    near = gap < _NEAR_SINGULARITY
-    return lax.complex(jnp.where(near, jnp.log(jnp.where(near, gap, 1)), w.real), w.imag)
+    return lax.complex(jnp.where(gap < _NEAR_SINGULARITY, _log_of_small(gap), w.real), w.imag)
 
 
 def _complex_rsqrt(z):
@@ -120,20 +119,19 @@ def _complex_rsqrt(z):
     return 1 / _complex_sqrt(z)
 
 
-def _hyperbolic(real_part, imag_part, fn):
-    """sinh or cosh of a complex z, from the real functions where |Re z| < 1 (XLA's flushed sinh(1e-20 + 1j)'s
-    real part to 0); XLA's elsewhere, with its overflow and special values. A part that is sinh(Re z) times a
-    trigonometric function is zero for Re z = 0, also beside an infinite Im z (C99's cosh(i inf) = nan + 0j)."""
-    def with_sinh_factor(x, value):
-        return jnp.where(x == 0, x, value)
+def _sinh_times(x, trig):
+    """sinh(x) * trig, and x itself (a signed zero) for x = 0, also beside an infinite Im z whose trig is nan
+    (C99's cosh(i inf) = nan + 0j)."""
+    return jnp.where(x == 0, x, jnp.sinh(x) * trig)
 
+
+def _from_real_parts(fn, parts):
+    """sinh or cosh of a complex z: `parts(x, y)` from the real functions where |Re z| < 1 (XLA's flushed
+    sinh(1e-20 + 1j)'s real part to 0); XLA's elsewhere, with its overflow and special values."""
     def complex_fn(z):
-        x, y = z.real, z.imag
-        small = jnp.abs(x) < 1
-        x = jnp.where(small, x, 0)
+        small = jnp.abs(z.real) < 1
+        real, imag = parts(jnp.where(small, z.real, 0), z.imag)
         w = fn(z)
-        real, imag = real_part(x) * jnp.cos(y), imag_part(x) * jnp.sin(y)
-        real, imag = (with_sinh_factor(x, real), imag) if real_part is jnp.sinh else (real, with_sinh_factor(x, imag))
         return lax.complex(jnp.where(small, real, w.real), jnp.where(small, imag, w.imag))
 
     return _signed_zero_aware(fn, complex_fn)
@@ -178,8 +176,8 @@ _register_all(
         (aten.asin, _odd_and_conjugate_symmetric(jnp.arcsin)),
         (aten.acos, _signed_zero_aware(jnp.arccos, _complex_arccos)),
         (aten.atan, _odd_and_conjugate_symmetric(jnp.arctan, _complex_arctan)),
-        (aten.sinh, _hyperbolic(jnp.sinh, jnp.cosh, jnp.sinh)),
-        (aten.cosh, _hyperbolic(jnp.cosh, jnp.sinh, jnp.cosh)),
+        (aten.sinh, _from_real_parts(jnp.sinh, lambda x, y: (_sinh_times(x, jnp.cos(y)), jnp.cosh(x) * jnp.sin(y)))),
+        (aten.cosh, _from_real_parts(jnp.cosh, lambda x, y: (jnp.cosh(x) * jnp.cos(y), _sinh_times(x, jnp.sin(y))))),
         (aten.tanh, jnp.tanh),
         (aten.asinh, _odd_and_conjugate_symmetric(jnp.arcsinh)),
         (aten.acosh, _signed_zero_aware(jnp.arccosh, _complex_arccosh)),

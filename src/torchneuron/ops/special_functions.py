@@ -108,9 +108,10 @@ def _temme(a, x):
 
 def _small_x_series(a, x):
     """(P, Q) where the CPU takes DLMF 8.7.3 for Q, x <= 1.1 and a small against it: with S = sum over n >= 1 of
-    (-x)^n / (n! (a + n)), P = x^a / Gamma(a + 1) (1 + a S) and Q = -expm1(a log x - lgamma(1 + a)) - P + the
-    same first term. lax computes Q as 1 - P there (0 for a below 1e-6 in float32, where the CPU's is about a), and
-    its factor x^a e^-x / Gamma(a) of P flushes to zero for a near the smallest normal float (P was 0, not 1)."""
+    (-x)^n / (n! (a + n)) and F = x^a / Gamma(a + 1), P = F (1 + a S) and Q = -expm1(a log x - lgamma(1 + a)) - F a S
+    (1 - F without cancellation). lax computes Q as 1 - P there (0 for a below 1e-6 in float32, where the CPU's is
+    about a), and its factor x^a e^-x / Gamma(a) of P flushes to zero for a near the smallest normal float (P was
+    0, not 1)."""
     log_front = a * jnp.log(x) - _lgamma_one_plus(a)
     term, total = jnp.ones_like(x), jnp.zeros_like(x)
     for n in range(1, 21):  # x^n / n! below 1e-17 by n = 20 for x <= 1.1
