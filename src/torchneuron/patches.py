@@ -188,7 +188,7 @@ def accelerator_api_routes_to_torch_neuron():
 
         @functools.wraps(original)
         def routed(*args, **kwargs):
-            if accelerator.current_accelerator().type == "neuron":
+            if _accelerator_is_neuron():
                 return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
             return original(*args, **kwargs)
 
@@ -199,6 +199,148 @@ def accelerator_api_routes_to_torch_neuron():
                  "empty_host_cache"):
         route(name)
     route("get_memory_info", "mem_get_info")
+
+
+@_patch
+def data_parallel_copies_between_neuron_devices() -> None:
+    """nn.DataParallel (and torch.nn.parallel.comm, which torch.neuron.comm is) moves tensors between devices
+    with C++ functions that only CUDA builds of PyTorch have (torch._C._broadcast_coalesced, _scatter,
+    _gather, ...), for CUDA tensors only. For neuron tensors, and in builds without them, they are the copies
+    CUDA's comm.cpp makes (a tensor's own device keeps the tensor, the others get copies; coalesced copies get
+    version counters of their own). reduce_add, PyTorch's Python, asks whether NCCL can take the tensors, which
+    warns in builds without NCCL: it cannot take neuron tensors."""
+    for name, ours in (("_broadcast", _broadcast), ("_broadcast_out", _broadcast_out),
+                       ("_broadcast_coalesced", _broadcast_coalesced), ("_scatter", _scatter),
+                       ("_scatter_out", _scatter_out), ("_gather", _gather), ("_gather_out", _gather_out)):
+        setattr(torch._C, name, _for_neuron_tensors(getattr(torch._C, name, None), ours))
+    nccl = importlib.import_module("torch.cuda.nccl")
+    is_available = nccl.is_available
+
+    @functools.wraps(is_available)
+    def nccl_is_available(tensors):
+        tensors = list(tensors)
+        return not any(t.device.type == "neuron" for t in tensors) and is_available(tensors)
+
+    nccl.is_available = nccl_is_available
+
+
+def _for_neuron_tensors(cuda_function, ours):
+    if cuda_function is None:
+        return ours
+
+    @functools.wraps(cuda_function)
+    def copy(*args):
+        # host tensors go where device indices mean neuron devices (DataParallel scatters its inputs so)
+        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+        to_neuron = any(t.device.type == "neuron" for t in tensors) or _accelerator_is_neuron()
+        return ours(*args) if to_neuron else cuda_function(*args)
+
+    return copy
+
+
+def _accelerator_is_neuron() -> bool:
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type == "neuron"
+
+
+def _neuron(index) -> torch.device:
+    return torch.device("neuron", index)
+
+
+def _broadcast(tensor, devices):
+    on_device = tensor.device.type == "neuron"
+    if on_device and tensor.get_device() != devices[0]:
+        raise RuntimeError("device of broadcasted tensor must appear as the first on devices list")
+    copies = [tensor.to(_neuron(d), non_blocking=True, copy=True) for d in devices[on_device:]]
+    return [tensor, *copies] if on_device else copies
+
+
+def _broadcast_out(tensor, out):
+    for i, o in enumerate(out):
+        if o.shape != tensor.shape:
+            raise RuntimeError(f"Expected all output tensors to have same shape as the source (expected "
+                               f"{list(tensor.shape)}) in order to broadcast, but output tensor at index {i} has "
+                               f"shape {list(o.shape)}")
+        o.copy_(tensor, non_blocking=True)
+    return list(out)
+
+
+def _broadcast_coalesced(tensors, devices, buffer_size):
+    if any(t.get_device() != devices[0] for t in tensors):
+        raise RuntimeError("All tensors must be on devices[0]: " + str(devices[0]))
+    outputs = [list(tensors)] + [[] for _ in devices[1:]]
+    for chunk in torch._utils._take_tensors(tensors, buffer_size):
+        flat = _broadcast(torch._utils._flatten_dense_tensors(chunk), devices)
+        for device_outputs, copy in zip(outputs[1:], flat[1:]):
+            # `.data`: views of one flat copy would share its version counter
+            device_outputs += [t.data for t in torch._utils._unflatten_dense_tensors(copy, chunk)]
+    return [outputs[0]] + [list(torch._utils._reorder_tensors_as(o, tensors)) for o in outputs[1:]]
+
+
+def _scatter(tensor, devices, chunk_sizes, dim, streams):
+    if chunk_sizes is None:
+        chunks = tensor.chunk(len(devices), dim)
+    else:
+        if sum(chunk_sizes) != tensor.size(dim):
+            raise RuntimeError(f"given chunk sizes don't sum up to the tensor's size (sum(chunk_sizes) == "
+                               f"{sum(chunk_sizes)}, but expected {tensor.size(dim)})")
+        if any(size <= 0 for size in chunk_sizes):
+            raise RuntimeError("Chunk size must be positive")
+        chunks = tensor.split(list(chunk_sizes), dim)
+    return [_on_stream(streams, i, devices[i], lambda: c.to(_neuron(devices[i]), non_blocking=True))
+            for i, c in enumerate(chunks)]
+
+
+def _scatter_out(tensor, out, dim, streams):
+    chunks = tensor.split([o.size(dim) for o in out], dim)
+    return [_on_stream(streams, i, o.get_device(), lambda: o.copy_(c, non_blocking=True))
+            for i, (o, c) in enumerate(zip(out, chunks))]
+
+
+def _on_stream(streams, i, device_index, copy):
+    stream = streams[i] if streams else None
+    if stream is None:
+        return copy()
+    if stream.device_index != device_index:
+        raise RuntimeError(f"Expected the device associated with the stream at index {i} (was "
+                           f"{stream.device_index}) to match the device supplied at that index (expected "
+                           f"{device_index})")
+    with torch.neuron.stream(stream):
+        return copy()
+
+
+def _gather(tensors, dim, destination):
+    device = torch.device("cpu") if destination == -1 else _neuron(destination)
+    return _gather_out(tensors, torch.empty(_gathered_shape(tensors, dim), dtype=tensors[0].dtype, device=device,
+                                            memory_format=_gathered_format(tensors)), dim)
+
+
+def _gather_out(tensors, out, dim):
+    shape = _gathered_shape(tensors, dim)
+    if list(out.shape) != shape:
+        raise RuntimeError(f"Expected out tensor to have size {shape}, but got {list(out.shape)}")
+    start = 0
+    for t in tensors:
+        out.narrow(dim, start, t.size(dim)).copy_(t, non_blocking=True)
+        start += t.size(dim)
+    return out
+
+
+def _gathered_shape(tensors, dim) -> list:
+    if not tensors:
+        raise RuntimeError("Expected at least one tensor to gather from")
+    expected = list(tensors[0].shape)
+    for t in tensors:
+        expected[dim] = t.size(dim)
+        if list(t.shape) != expected:
+            raise RuntimeError(f"Gather got an input of invalid size: got {list(t.shape)}, but expected {expected}")
+    expected[dim] = sum(t.size(dim) for t in tensors)
+    return expected
+
+
+def _gathered_format(tensors):
+    channels_last = all(t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) for t in tensors)
+    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 @_patch
@@ -659,6 +801,7 @@ def apply() -> None:
     transformer_encoder_masks_padding_instead_of_nesting()
     fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()
+    data_parallel_copies_between_neuron_devices()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     jagged_attention_on_neuron_takes_flash_attention()

@@ -2,6 +2,7 @@
 import functools
 
 import torch
+from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
 
 from .guard import (  # noqa: F401  (torch.neuron's API)
     _adaptive, _all_ready, _index, _jax_device, _runtime, current_device, device, device_count, device_of,
