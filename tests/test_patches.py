@@ -51,6 +51,45 @@ def test_load_with_map_location_neuron():
     torch.testing.assert_close(loaded["x"].cpu(), torch.arange(3.0))
 
 
+class _TiedScripted(_Tied):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, ids):
+        return self.head(self.norm(self.embed(ids)))
+
+
+def test_script_modules_load_onto_neuron_as_saved_or_mapped():
+    model = torch.jit.script(_TiedScripted().eval())
+    ids = torch.tensor([0, 3, 1])
+    expected = model(ids)
+    saved_on_the_cpu, saved_on_neuron_1 = io.BytesIO(), io.BytesIO()
+    torch.jit.save(model, saved_on_the_cpu)
+    torch.jit.save(torch.jit.script(_TiedScripted().eval()).to("neuron:1"), saved_on_neuron_1)
+    for archive, map_location, device in ((saved_on_the_cpu, "neuron", "neuron:0"), (saved_on_the_cpu, "neuron:1", "neuron:1"),
+                                          (saved_on_neuron_1, None, "neuron:1")):
+        archive.seek(0)
+        loaded = torch.jit.load(archive, map_location=map_location)
+        tensors = [loaded.embed.weight, loaded.head.weight, loaded.norm.running_var]
+        assert all(t.device == torch.device(device) for t in tensors)
+        assert loaded.head.weight is loaded.embed.weight and loaded.embed.weight.is_leaf
+        assert not loaded.norm.running_var.requires_grad
+        if archive is saved_on_the_cpu:
+            out = loaded(ids.to(device))
+            torch.testing.assert_close(out.detach().cpu(), expected)
+            out.sum().backward()
+            assert loaded.embed.weight.grad.device == torch.device(device)
+
+
+def test_traced_modules_run_on_neuron():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()).to("neuron")
+    x = torch.randn(2, 4, device="neuron")
+    traced = torch.jit.trace(model, x)
+    y = torch.randn(2, 4, device="neuron")
+    torch.testing.assert_close(traced(y).cpu(), model(y).cpu())
+
+
 TORCH_COMPILE_WITHOUT_THE_NEURON_BACKEND = """
 import sys, torch
 import torchneuron

@@ -65,6 +65,64 @@ def torch_load_map_location_neuron():
 
 
 @_patch
+def script_modules_load_onto_neuron() -> None:
+    """torch.jit.load rebuilds each tensor in C++ by setting the storage and sizes of an empty device tensor's
+    TensorImpl directly, which a neuron tensor's view, kept in Python, does not see: loaded onto neuron, the
+    parameters came out empty. A module mapped to neuron, or saved from it, is loaded onto the CPU and its
+    parameters and buffers then moved to their devices, tied ones staying tied."""
+    original = torch.jit.load
+
+    @functools.wraps(original)
+    def load(f, map_location=None, *args, **kwargs):
+        if _is_neuron(map_location):
+            module = original(f, "cpu", *args, **kwargs)
+            _move_script_tensors(module, lambda path: map_location)
+            return module
+        if map_location is not None:
+            return original(f, map_location, *args, **kwargs)
+        start = f.tell() if hasattr(f, "seek") else None
+        module = original(f, None, *args, **kwargs)
+        saved_on = {path: t.device for path, _, _, t in _script_tensors(module) if t.device.type == "neuron"}
+        if not saved_on:
+            return module
+        if start is not None:
+            f.seek(start)
+        module = original(f, "cpu", *args, **kwargs)
+        _move_script_tensors(module, lambda path: saved_on.get(path, "cpu"))
+        return module
+
+    torch.jit.load = load
+
+
+def _script_tensors(module):
+    """(path, owning module, name, tensor) of each parameter and buffer of a script module and its children."""
+    for prefix, owner in module.named_modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, tensor in getattr(owner, kind).items():
+                if tensor is not None:
+                    yield f"{prefix}.{name}" if prefix else name, owner, name, tensor
+
+
+def _script_ties(module) -> list:
+    """The (owner, name) places of each tensor found in more than one place of a script module."""
+    places = {}
+    for _, owner, name, tensor in _script_tensors(module):
+        places.setdefault(id(tensor), (tensor, []))[1].append((owner, name))
+    return [where for _, where in places.values() if len(where) > 1]
+
+
+def _move_script_tensors(module, device_of) -> None:
+    # a script module hands out the same Python object for a tensor while it is alive: kept alive here, tied
+    # tensors (one C++ tensor in two modules) are recognised by identity and moved once
+    moved = {}
+    for path, owner, name, tensor in list(_script_tensors(module)):
+        if id(tensor) not in moved:
+            copy = tensor.detach().to(device_of(path)).requires_grad_(tensor.requires_grad)
+            moved[id(tensor)] = (tensor, copy)
+        owner._c.setattr(name, moved[id(tensor)][1])
+
+
+@_patch
 def foreach_tensor_type() -> None:
     """Optimizers and clip_grad_norm_ take their foreach/fused paths only for tensors whose exact type is in
     `_foreach_supported_types` (torch.Tensor, Parameter); neuron tensors are a subclass, so they would always
@@ -120,6 +178,8 @@ def _swapping(method, targets_neuron):
             _refuse_uninitialized(self)
         previous = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
+        # a script module's tensors are swapped one slot at a time, a tied one once per slot
+        ties = _script_ties(self) if isinstance(self, torch.jit.ScriptModule) else ()
         # swap_tensors swaps the objects' __dict__ too: attributes set on a parameter (vLLM's weight loaders)
         # would stay with the old tensor, where `param.data = new` (CUDA's path) keeps them
         attributes = [(p, dict(p.__dict__)) for p in self.parameters() if p.__dict__]
@@ -138,6 +198,9 @@ def _swapping(method, targets_neuron):
             for parameter, saved in attributes:
                 for name, value in saved.items():
                     parameter.__dict__.setdefault(name, value)
+            for (first, first_name), *others in ties:
+                for owner, name in others:
+                    owner._c.setattr(name, getattr(first, first_name))
 
     return convert
 
@@ -795,6 +858,7 @@ def apply() -> None:
     if getattr(apply, "done", False):
         return
     torch_load_map_location_neuron()
+    script_modules_load_onto_neuron()
     foreach_tensor_type()
     backward_runs_on_the_calling_thread()
     tied_parameters_on_conversion()
