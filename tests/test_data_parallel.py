@@ -61,7 +61,8 @@ def test_broadcast_keeps_the_tensor_on_its_own_device():
 
 
 def test_broadcast_coalesced_gives_each_copy_its_own_version_counter():
-    tensors = [torch.arange(6.0, device="neuron:0"), torch.arange(3, device="neuron:0"), torch.ones(2, device="neuron:0")]
+    tensors = [torch.arange(6.0), torch.arange(3), torch.ones(2)]
+    tensors = [t.to("neuron:0") for t in tensors]
     first, second = comm.broadcast_coalesced(tensors, [0, 1], buffer_size=16)
     assert all(a is b for a, b in zip(first, tensors))
     for copied, original in zip(second, tensors):

@@ -413,3 +413,4 @@ def test_device_properties_and_cuda_named_memory_stats():
         assert stats[f"{name}.all.peak"] == base + x.nbytes
     assert stats["num_alloc_retries"] == 0 and "num_ooms" in stats  # its count: test_bad_input's OOM test
     assert torch.accelerator.memory_stats()["active_bytes.all.peak"] == base + x.nbytes
+    assert torch.neuron.memory_cached() == torch.neuron.memory_reserved() == base + x.nbytes  # older names

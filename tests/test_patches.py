@@ -67,8 +67,9 @@ def test_script_modules_load_onto_neuron_as_saved_or_mapped():
     saved_on_the_cpu, saved_on_neuron_1 = io.BytesIO(), io.BytesIO()
     torch.jit.save(model, saved_on_the_cpu)
     torch.jit.save(torch.jit.script(_TiedScripted().eval()).to("neuron:1"), saved_on_neuron_1)
-    for archive, map_location, device in ((saved_on_the_cpu, "neuron", "neuron:0"), (saved_on_the_cpu, "neuron:1", "neuron:1"),
-                                          (saved_on_neuron_1, None, "neuron:1")):
+    cases = ((saved_on_the_cpu, "neuron", "neuron:0"), (saved_on_the_cpu, "neuron:1", "neuron:1"),
+             (saved_on_neuron_1, None, "neuron:1"))
+    for archive, map_location, device in cases:
         archive.seek(0)
         loaded = torch.jit.load(archive, map_location=map_location)
         tensors = [loaded.embed.weight, loaded.head.weight, loaded.norm.running_var]

@@ -221,6 +221,36 @@ def test_grad_scaler_float16():
     assert all(torch.equal(p.detach().cpu(), a) for p, a in zip(model.parameters(), after))
 
 
+def test_torch_neuron_amp_is_torch_cuda_amp_for_neuron():
+    model = _model().to("neuron")
+    scaler = torch.neuron.amp.GradScaler(init_scale=2.0**10)
+    assert scaler.get_scale() == 2.0**10 and scaler._device == "neuron"
+    x, y = (t.to("neuron") for t in _batch())
+
+    @torch.neuron.amp.autocast()
+    def forward(x):
+        return model(x)
+
+    assert forward(x).dtype == torch.float16
+    with torch.neuron.amp.autocast(dtype=torch.bfloat16):
+        assert model(x).dtype == torch.bfloat16
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        @torch.neuron.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, t):
+            assert not torch.is_autocast_enabled("neuron")
+            return t * 2
+
+        @staticmethod
+        @torch.neuron.amp.custom_bwd
+        def backward(ctx, grad):
+            return grad * 2
+
+    with torch.neuron.amp.autocast():
+        assert Doubled.apply(x.half()).dtype == torch.float32
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sync_batch_norm_steps_pool_two_halves_as_one_batch(dtype):
     """SyncBatchNorm's per-process kernels (CUDA's alone in PyTorch), as two processes holding half a batch

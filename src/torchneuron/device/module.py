@@ -4,6 +4,7 @@ import functools
 import torch
 from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
 
+from . import amp  # noqa: F401  (torch.cuda.amp's counterpart)
 from .guard import (  # noqa: F401  (torch.neuron's API)
     _adaptive, _all_ready, _index, _jax_device, _runtime, current_device, device, device_count, device_of,
     set_device, synchronize,
@@ -226,6 +227,9 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 reset_max_memory_allocated = reset_peak_memory_stats
+# torch.cuda's older names, which some training code still calls
+memory_cached, max_memory_cached = memory_reserved, max_memory_reserved
+reset_max_memory_cached = reset_peak_memory_stats
 
 
 def memory_stats(device=None) -> dict:
@@ -329,6 +333,11 @@ def empty_cache() -> None:
     from ..runtime import host_memory
 
     host_memory.release()
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: neuron tensors are not shared between processes by IPC handles (a tensor sent to
+    another process is a host copy)."""
 
 
 def empty_host_cache() -> None:
