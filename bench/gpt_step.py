@@ -3,7 +3,8 @@ PyTorch CPU eager against neuron compiled, adaptive eager and eager: min and med
 warm-up steps.
 "neuron compiled" is torch.compile(model) with the defaults: the loss and AdamW's foreach ops, outside the
 compiled graphs, are queued and fused by adaptive eager; "neuron compiled+opt" compiles the optimizer step
-too (`torch.compile(optimizer.step)`); "neuron eager" runs every op on its own.
+too (`torch.compile(optimizer.step)`); "neuron graph" captures the whole eager step once (torch.neuron.graph,
+AdamW capturable) and replays it; "neuron eager" runs every op on its own.
 
     python -m bench.gpt_step              # the step
     python -m bench.gpt_step --products   # its matrix products alone: torch against a bare jax.jit
@@ -23,8 +24,8 @@ import torchneuron  # noqa: F401
 from .models import _step_fns, adaptive_for, gpt
 from .timing import measure
 
-CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "adaptive"),
-           ("neuron", "eager")]
+CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "graph"),
+           ("neuron", "adaptive"), ("neuron", "eager")]
 
 
 def step_ms(train, device: str, steps: int) -> tuple:

@@ -41,7 +41,7 @@ def _loss(model, inputs, targets):
 
 
 def _compile(model, mode):
-    if mode in ("eager", "adaptive"):
+    if mode in ("eager", "adaptive", "graph"):
         return model
     return torch.compile(model, backend="inductor" if mode == "inductor" else "neuron")
 
@@ -58,7 +58,11 @@ def _step_fns(factory, device, mode):
     model = model.to(device)
     inputs, targets = inputs.to(device), targets.to(device)
     runner = _compile(model, mode)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if mode == "graph":
+        # the step captured whole (torch.neuron.graph, as CUDA graphs capture it): AdamW's state on the device
+        optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-4), capturable=True)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # "compiled+opt": the optimizer step compiled too, as PyTorch's tutorials compile it
     step = torch.compile(optimizer.step, backend="neuron") if mode == "compiled+opt" else optimizer.step
 
@@ -71,7 +75,18 @@ def _step_fns(factory, device, mode):
         with torch.no_grad():
             runner(inputs)
 
+    if mode == "graph":
+        return _captured(train), _captured(infer), items
     return train, infer, items
+
+
+def _captured(step):
+    """`step` run once (its optimizer state made), then captured: each call replays it."""
+    step()
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        step()
+    return graph.replay
 
 
 def run(device: str, smoke: bool, baseline: str = "cpu") -> list:

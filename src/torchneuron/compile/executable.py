@@ -121,6 +121,7 @@ class CompiledGraph:
     def __call__(self, args):
         if self.refused is not None:
             raise self.refused.with_traceback(None)  # one traceback per call, not one grown by each
+        adaptive.refuse_while_capturing("a torch.compile'd graph (already one program: call it outside the capture)")
         args = list(args)
         positions, statics, tensors = [], [], []
         for i, a in enumerate(args):

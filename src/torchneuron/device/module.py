@@ -5,6 +5,7 @@ import torch
 from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
 
 from . import amp  # noqa: F401  (torch.cuda.amp's counterpart)
+from .graphs import NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
 from .guard import (  # noqa: F401  (torch.neuron's API)
     _adaptive, _all_ready, _index, _jax_device, _runtime, current_device, device, device_count, device_of,
     set_device, synchronize,
@@ -37,11 +38,6 @@ def _lazy_init() -> None:
 
 def init() -> None:
     """torch.cuda.init's counterpart: the device is ready once torchneuron is imported."""
-
-
-def is_current_stream_capturing() -> bool:
-    """False: there is no stream capture (CUDA graphs); a compiled program is neuron's captured graph."""
-    return False
 
 
 def can_device_access_peer(device, peer_device) -> bool:

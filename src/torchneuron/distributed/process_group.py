@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions  # not in torch.distributed before torch 2.13
 
+from ..eager import adaptive
 from ..runtime import platform
 from ..runtime.dtypes import to_jax
 from . import buffers, programs
@@ -200,6 +201,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return _Agreement(self, participants, call)
 
     def _run(self, kind, grp, flat, *statics):
+        adaptive.refuse_while_capturing(f"the collective {kind}")
         participants = tuple(self._ranks.index(r) for r in grp.ranks)
         return programs.run(self._agreement(participants), kind, grp, flat, *statics)
 

@@ -18,6 +18,9 @@ raised at the op, before it is queued); XLA may fuse arithmetic across ops, so
 floating-point results can differ in the last bits. If the fused program fails,
 the queue is replayed op by op.
 
+A graph capture (torch.neuron.graph) records into the same queue, which nothing may cut while it
+captures, and keeps it as a CapturedGraph: one program replayed on the storages it read and wrote.
+
 On by default. Off: `torch.neuron.set_adaptive_eager(False)`, the
 `torch.neuron.adaptive_eager(False)` context manager, or TORCHNEURON_ADAPTIVE_EAGER=0.
 """
@@ -31,10 +34,10 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..runtime import events, sync
+from ..runtime import events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.program import compile_on_device, fast_call
-from ..runtime.storage import Pending
+from ..runtime.storage import Pending, live_storages
 from ..runtime.transfer import scalar_key
 
 _NUMBERS = (float, int, bool)
@@ -55,6 +58,7 @@ class Queue:
         self.first_sightings = 0
         self._sighted = {}  # structure key -> None, oldest first: the structures run once, op by op
         self._run = self.flush  # one bound method for every Pending
+        self.capture = None  # the Capture being recorded (torch.neuron.graph), which no flush may cut
         self._reset()
 
     def _reset(self):
@@ -67,19 +71,23 @@ class Queue:
         self.device_index = None
         self.recorder = None  # (thread, autograd graph task) recording the queue
 
-    def record(self, executable, storages, extras) -> list:
-        """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, a random
-        key); returns a Pending for each of its results."""
+    def record(self, executable, storages, extras, generator=None) -> list:
+        """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, then the random
+        key a random op draws from `generator`); returns a Pending for each of its results."""
         with self.lock:
             # forward, backward and the optimizer step queue apart: a backward runs on the calling thread
             # (patches.backward_runs_on_the_calling_thread) as a graph task of its own
             recorder = (threading.get_ident(), _current_graph_task())
             if (self.device_index != executable.device_index or self.recorder != recorder
                     or self._repeats(executable)):
-                self.flush()
+                if self.capture is None:
+                    self.flush()
+                elif self.device_index not in (None, executable.device_index):
+                    raise RuntimeError(f"neuron: a graph captures one device's work; {executable.op} runs on "
+                                       f"neuron:{executable.device_index}, the capture on neuron:{self.device_index}")
                 self.device_index, self.recorder = executable.device_index, recorder
                 _boundaries.install()  # here, not when enabled: a process that never queues an op has no hook
-            inputs, args = self.inputs, []
+            inputs, args, capture = self.inputs, [], self.capture
             for p in executable.argument_storages:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
@@ -90,11 +98,17 @@ class Queue:
                 elif buffer is None:
                     buffer = storages[p].buffer
                 number = inputs.get(id(buffer))
-                args.append(self._new_input(id(buffer), buffer) if number is None else number)
+                if number is None:
+                    number = self._new_input(id(buffer), buffer)
+                    if capture is not None:
+                        capture.reads[number] = storages[p]
+                args.append(number)
             for extra in extras:
                 key = scalar_key(type(extra), extra, self.device_index) if type(extra) in _NUMBERS else id(extra)
                 number = inputs.get(key)
                 args.append(self._new_input(key, extra) if number is None else number)
+            if capture is not None and executable.random:
+                capture.keys[args[-1]] = generator
             first = self.n_values
             sizes = executable.output_sizes
             if len(sizes) == 1:
@@ -105,7 +119,7 @@ class Queue:
                 self.pendings += map(weakref.ref, pendings)
             self.n_values += len(pendings)
             self.ops.append((executable, tuple(args), first))
-            if len(self.ops) >= self.limit:
+            if len(self.ops) >= self.limit and capture is None:
                 self.flush()
             return pendings
 
@@ -141,6 +155,11 @@ class Queue:
         with self.lock:
             if not self.ops:
                 return
+            if self.capture is not None:
+                raise RuntimeError(
+                    "neuron: this operation reads a value computed inside the graph being captured "
+                    "(torch.neuron.graph), or waits for the device: not permitted while capturing, as on CUDA. "
+                    "Read values after capture_end(), from the graph's outputs after replay().")
             ops, externals, device_index = self.ops, self.externals, self.device_index
             # a result is needed if its Pending is still alive (a storage holds it)
             live = [p for p in (ref() for ref in self.pendings) if p is not None]
@@ -211,6 +230,99 @@ def _replay(ops, n_values, external_values, externals, kept, device_index):
                                  len(ops), len(externals), device_index)
 
 
+class Capture:
+    """What a graph capture (torch.neuron.graph) notes beside the queue: where its inputs came from."""
+
+    def __init__(self):
+        self.reads = {}  # value number of an input buffer -> the storage it was read from
+        self.keys = {}  # value number of a random op's key -> the generator it was drawn from (None: the default)
+
+
+class CapturedGraph:
+    """The ops recorded while a graph was captured, as one program run again at each `replay()`: it reads the
+    buffers its input storages hold then, writes its results into the storages the capture wrote (tensors
+    made in the capture, and inputs it updated in place), and draws new keys for its random ops from their
+    generators, as CUDA graphs advance their Philox offsets."""
+
+    def __init__(self, ops, n_values, externals, external_values, capture, writes, checks, device_index):
+        position = {number: i for i, number in enumerate(external_values)}
+        self.reads = [(position[number], storage) for number, storage in capture.reads.items()]
+        self.keys = [(position[number], generator) for number, generator in capture.keys.items()]
+        # what replay reads anew is not kept: a captured training step would hold its parameters twice
+        self.externals = list(externals)
+        for i, _ in self.reads + self.keys:
+            self.externals[i] = None
+        self.writes = [storage for storage, _ in writes]
+        self.checks = [(op, len(numbers), errors) for op, numbers, errors in checks]
+        kept = tuple(number for _, number in writes) + tuple(n for _, numbers, _ in checks for n in numbers)
+        self.program = _fused_program(ops, n_values, external_values, kept)
+        self.ops = ops  # the executables the program inlines
+        self.device_index = device_index
+        self.compiled = None
+
+    def replay(self) -> None:
+        queue.flush()  # work queued before the replay: it may write what the graph reads
+        externals = list(self.externals)
+        for i, storage in self.reads:
+            externals[i] = storage.buffer
+        for i, generator in self.keys:
+            externals[i] = rng.next_key(self.device_index, generator)
+        if self.compiled is None:
+            compiled = compile_on_device(self.program, self.device_index, externals)
+            results = compiled(*externals)
+            self.compiled = fast_call(compiled)
+        else:
+            results = self.compiled(*externals)
+        for storage, array in zip(self.writes, results):
+            storage.buffer = array
+        checked = results[len(self.writes):]
+        for op, n, errors in self.checks:
+            pending_checks.add(self.device_index, op, checked[:n], errors)
+            checked = checked[n:]
+        if results:
+            sync.last[self.device_index] = results[-1]
+
+
+def refuse_while_capturing(what: str) -> None:
+    """Work that would run at once instead of being recorded (a transfer, a data-dependent op, a compiled
+    graph, a collective) is refused while a graph is captured: it would not run again at replay."""
+    if queue.capture is not None:
+        raise RuntimeError(f"neuron: {what} cannot be captured in a graph (torch.neuron.graph): only ops on the "
+                           "capture's device are recorded. Run it before the capture or after replay().")
+
+
+def begin_capture() -> None:
+    with queue.lock:
+        if queue.capture is not None:
+            raise RuntimeError("neuron: a graph is already being captured")
+        queue.flush()
+        queue.capture = Capture()
+
+
+def end_capture(keep: bool = True):
+    """The CapturedGraph of the ops recorded since `begin_capture` (None if not `keep`: a capture that
+    failed). Like CUDA's, the capture ran nothing: each storage it wrote holds again what it held before
+    (a tensor made in the capture, zeros) until the first replay."""
+    with queue.lock:
+        capture, queue.capture = queue.capture, None
+        ops, externals, external_values = queue.ops, queue.externals, queue.external_values
+        n_values, device_index = queue.n_values, queue.device_index
+        live = {id(p): p for p in (ref() for ref in queue.pendings) if p is not None}
+        queue._reset()
+    position = {number: i for i, number in enumerate(external_values)}
+    before = {id(storage): externals[position[number]] for number, storage in capture.reads.items()}
+    writes = []
+    for storage in live_storages():
+        if type(storage._buffer) is Pending and id(storage._buffer) in live:
+            writes.append((storage, storage._buffer.number))
+            storage._buffer = before.get(id(storage))
+    checks = pending_checks.take(device_index, lambda c: type(c) is Pending and id(c) in live)
+    if not keep or not ops:
+        return None
+    checks = [(op, [c.number for c in conditions], errors) for op, conditions, errors in checks]
+    return CapturedGraph(ops, n_values, externals, external_values, capture, writes, checks, device_index)
+
+
 queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
 
 
@@ -247,7 +359,7 @@ class _LoopBoundaries:
     # marked traceable, or it would break the graph): there it does nothing. Around a compiled optimizer it
     # runs eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
     def _after_step(self, optimizer, args, kwargs):
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and queue.capture is None:
             # a process without Dynamo compiles nothing
             flush = _flush_outside_dynamo() if _dynamo_loaded() else queue.flush
             flush()

@@ -246,7 +246,7 @@ class Executable:
 
     def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.queue
-        if queue.enabled and self.ran:
+        if queue.enabled and self.ran or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
@@ -279,7 +279,8 @@ class Executable:
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
         key = rng.next_key(self.device_index, generator) if self.random else None
-        return self._outputs(queue.record(self, storages, self._extras(tensors, scalars, key)), tensors, storages)
+        extras = self._extras(tensors, scalars, key)
+        return self._outputs(queue.record(self, storages, extras, generator), tensors, storages)
 
     def _extras(self, tensors, scalars, key) -> list:
         """The program's arguments after the storages' buffers: its numbers (see transfer.device_scalars),

@@ -4,6 +4,7 @@ import torch
 from ..runtime import pending_checks, transfer
 from ..runtime.layout import covers_storage
 from ..runtime.tensor import NeuronTensor, wrap_buffer
+from . import adaptive
 
 aten = torch.ops.aten
 
@@ -14,7 +15,9 @@ def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
 
 
 def row_major_buffer(tensor: NeuronTensor):
-    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one)."""
+    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one): what
+    reading a tensor's values (on the host, in a data-dependent op, on another device) starts from."""
+    adaptive.refuse_while_capturing("reading a tensor's values")
     if not is_whole_storage(tensor):
         tensor = aten.clone.default(tensor, memory_format=torch.contiguous_format)
     return tensor._storage.buffer

@@ -82,9 +82,8 @@ def _record_memory_history(enabled="all", context=None, stacks="python", max_ent
 def memory_snapshot() -> dict:
     """Every live neuron storage as a segment, and the recorded history per device (torch.cuda's format)."""
     segments = []
-    for ref in list(storages._live.values()):
-        storage = ref()
-        if storage is None or not storage.nbytes:
+    for storage in storages.live_storages():
+        if not storage.nbytes:
             continue
         address = storage.data_ptr()
         frames = _history.frames.get(address, []) if _history is not None else []

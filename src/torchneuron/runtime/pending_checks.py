@@ -21,6 +21,15 @@ def add(device_index: int, op, conditions, errors) -> None:
         raise_failures(device_index)
 
 
+def take(device_index: int, condition_taken) -> list:
+    """Remove and return the device's unread checks with a condition for which `condition_taken` holds."""
+    queue = _pending.get(device_index, [])
+    taken = [check for check in queue if any(condition_taken(c) for c in check[1])]
+    if taken:
+        queue[:] = [check for check in queue if not any(check is t for t in taken)]
+    return taken
+
+
 def raise_failures(device_index: int) -> None:
     """Raise the first failed check queued on the device (all are consumed)."""
     queue = _pending.pop(device_index, None)

@@ -136,6 +136,11 @@ class Storage:
         native.set_storage_nbytes(self, self.nbytes)
 
 
+def live_storages() -> list:
+    """Every Storage alive now."""
+    return [s for s in (ref() for ref in list(_live.values())) if s is not None]
+
+
 def of_handle(untyped) -> Storage:
     """The Storage of a neuron torch.UntypedStorage. One PyTorch allocated itself (`torch.UntypedStorage(n,
     device="neuron")`) gets one now: its bytes, zero."""

@@ -1,0 +1,106 @@
+"""torch.neuron.graph / NeuronGraph: torch.cuda.graph's capture and replay (device/graphs.py, eager/adaptive.py
+`CapturedGraph`), checked against the same computation on the CPU."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_replay_reads_static_inputs_and_rewrites_outputs(adaptive):
+    weight = torch.randn(3, 2)
+    static_x, w = torch.zeros(4, 3, device="neuron"), weight.to("neuron")
+    counter = torch.zeros((), device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.adaptive_eager(adaptive), torch.neuron.graph(graph):
+        assert torch.neuron.is_current_stream_capturing()
+        static_y = (static_x @ w).relu() + 1
+        counter.add_(1)
+    assert not torch.neuron.is_current_stream_capturing()
+    assert counter.item() == 0  # capturing ran nothing
+    for step in range(1, 4):
+        x = torch.randn(4, 3)
+        static_x.copy_(x)
+        graph.replay()
+        torch.testing.assert_close(static_y.cpu(), (x @ weight).relu() + 1)
+        assert counter.item() == step
+
+
+def test_a_captured_training_step_trains_as_on_the_cpu():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to("neuron")
+    model.load_state_dict(cpu.state_dict())
+    cpu_optimizer = torch.optim.Adam(cpu.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), capturable=True)
+    static_x, static_y = torch.zeros(4, 8, device="neuron"), torch.zeros(4, 1, device="neuron")
+    batches = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(4)]
+
+    def cpu_step(x, y):
+        loss = F.mse_loss(cpu(x), y)
+        loss.backward()
+        cpu_optimizer.step()
+        cpu_optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    # a first step outside the capture makes the optimizer's state, as CUDA graph recipes warm up
+    static_x.copy_(batches[0][0]), static_y.copy_(batches[0][1])
+    F.mse_loss(model(static_x), static_y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    cpu_step(*batches[0])
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        static_loss = F.mse_loss(model(static_x), static_y)
+        static_loss.backward()
+        optimizer.step()
+    for x, y in batches[1:]:
+        static_x.copy_(x), static_y.copy_(y)
+        graph.replay()
+        torch.testing.assert_close(static_loss.cpu(), cpu_step(x, y).detach(), atol=1e-5, rtol=1e-4)
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_random_ops_draw_new_numbers_at_each_replay():
+    generator = torch.Generator("neuron").manual_seed(0)
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        default = torch.rand(64, device="neuron")
+        own = torch.randn(64, device="neuron", generator=generator)
+    draws = []
+    for _ in range(2):
+        graph.replay()
+        draws.append((default.cpu(), own.cpu()))
+    assert not torch.equal(draws[0][0], draws[1][0]) and not torch.equal(draws[0][1], draws[1][1])
+    assert 0 <= draws[0][0].min() and draws[0][0].max() < 1
+
+
+def test_what_would_not_replay_is_refused_and_the_capture_dropped():
+    static_x = torch.ones(3, device="neuron")
+    compiled = torch.compile(lambda t: t * 2, backend="neuron")
+    compiled(static_x)
+    for body in (lambda: (static_x * 2).sum().item(), lambda: static_x.cpu(), lambda: compiled(static_x),
+                 lambda: torch.neuron.synchronize()):
+        graph = torch.neuron.NeuronGraph()
+        with pytest.raises(RuntimeError, match="captur"):
+            with torch.neuron.graph(graph):
+                static_x.mul_(3)
+                body()
+        assert not torch.neuron.is_current_stream_capturing()
+        torch.testing.assert_close(static_x.cpu(), torch.ones(3))  # the capture changed nothing
+        with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+            graph.replay()
+
+
+def test_device_checks_of_a_captured_op_fail_at_replay():
+    table, static_index = torch.randn(5, 2, device="neuron"), torch.zeros(2, dtype=torch.long, device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        rows = F.embedding(static_index, table)
+    graph.replay()
+    torch.testing.assert_close(rows.cpu(), table.cpu()[[0, 0]])
+    static_index.copy_(torch.tensor([1, 7]))
+    graph.replay()
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.neuron.synchronize()
