@@ -104,3 +104,29 @@ def test_device_checks_of_a_captured_op_fail_at_replay():
     graph.replay()
     with pytest.raises(IndexError, match="index out of range"):
         torch.neuron.synchronize()
+
+
+def test_graphed_callables_train_as_on_the_cpu():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to("neuron")
+    model.load_state_dict(cpu.state_dict())
+    model = torch.neuron.make_graphed_callables(model, (torch.randn(4, 8, device="neuron", requires_grad=True),))
+    samples = (torch.randn(3, device="neuron", requires_grad=True), torch.randn(3, device="neuron"))
+    product = torch.neuron.make_graphed_callables(lambda a, b: (a * b).sin(), samples)
+    optimizer, cpu_optimizer = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(cpu.parameters(), lr=0.1)
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randn(4, 1)
+        x_neuron, x_cpu = x.to("neuron").requires_grad_(), x.clone().requires_grad_()
+        F.mse_loss(model(x_neuron), y.to("neuron")).backward()
+        F.mse_loss(cpu(x_cpu), y).backward()
+        torch.testing.assert_close(x_neuron.grad.cpu(), x_cpu.grad, atol=1e-5, rtol=1e-4)
+        optimizer.step(), cpu_optimizer.step()
+        optimizer.zero_grad(), cpu_optimizer.zero_grad()
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4)
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3)
+    a_neuron = a.detach().to("neuron").requires_grad_()
+    product(a_neuron, b.to("neuron")).sum().backward()
+    (a * b).sin().sum().backward()
+    torch.testing.assert_close(a_neuron.grad.cpu(), a.grad)

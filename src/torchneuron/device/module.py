@@ -5,7 +5,9 @@ import torch
 from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
 
 from . import amp  # noqa: F401  (torch.cuda.amp's counterpart)
-from .graphs import NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
+from .graphs import (  # noqa: F401
+    NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables,
+)
 from .guard import (  # noqa: F401  (torch.neuron's API)
     _adaptive, _all_ready, _index, _jax_device, _runtime, current_device, device, device_count, device_of,
     set_device, synchronize,
