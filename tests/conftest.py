@@ -38,6 +38,8 @@ SKIPPED_ON_OLDER_PYTORCH = {
     "test_bad_input.py::test_float8_conversions_saturate_as_on_the_cpu": ((2, 13), _FLOAT8_REFERENCE),
     "test_device_module.py::test_accelerator_empty_host_cache_once_the_device_is_in_use": (
         (2, 13), "torch.accelerator.empty_host_cache is new in torch 2.13"),
+    "test_graphs.py::test_torch_accelerator_graph_captures_on_neuron": (
+        (2, 13), "torch.accelerator.Graph and its backend interface are new in torch 2.13"),
 }
 _TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split(".")[:2])
 

@@ -130,3 +130,22 @@ def test_graphed_callables_train_as_on_the_cpu():
     product(a_neuron, b.to("neuron")).sum().backward()
     (a * b).sin().sum().backward()
     torch.testing.assert_close(a_neuron.grad.cpu(), a.grad)
+
+
+def test_torch_accelerator_graph_captures_on_neuron():
+    """PyTorch's device-generic graph (native/graph.cpp hands its calls to a NeuronGraph)."""
+    x = torch.zeros(4, device="neuron")
+    graph = torch.accelerator.Graph()
+    with graph:
+        assert torch.neuron.is_current_stream_capturing()
+        x.add_(2)
+        doubled = x * 2
+    assert x.cpu().tolist() == [0.0] * 4
+    graph.replay()
+    graph.replay()
+    assert x.cpu().tolist() == [4.0] * 4 and doubled.cpu().tolist() == [8.0] * 4
+    graph.reset()
+    with pytest.raises(RuntimeError, match="captur"):
+        with graph:
+            (x + 1).sum().item()
+    assert not torch.neuron.is_current_stream_capturing()

@@ -1,5 +1,6 @@
 """`torch.neuron`: the device module, as complete as torch.cuda is for ordinary use."""
 import functools
+import uuid
 
 import torch
 from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
@@ -69,12 +70,19 @@ def _properties(index: int):
     from types import SimpleNamespace
 
     d = _jax_device(index)
+    major, minor = get_device_capability(index)
     return SimpleNamespace(
         name=get_device_name(index),
         platform=d.platform,
         device_kind=d.device_kind,
         total_memory=_memory().free_and_total(index)[1],
         multi_processor_count=1,
+        # torch.cuda's fields that code checks for features (major >= 8) or identifies devices by
+        major=major,
+        minor=minor,
+        is_integrated=False,
+        is_multi_gpu_board=False,
+        uuid=uuid.uuid5(uuid.NAMESPACE_URL, f"neuron/{d.platform}/{d.process_index}/{d.id}"),
         type="neuron",
         index=index,
     )

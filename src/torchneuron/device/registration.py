@@ -78,7 +78,8 @@ def register() -> None:
     torch.utils.rename_privateuse1_backend("neuron")
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("neuron", module)
-    native.install(platform.device_count, module.synchronize, module._all_ready, storage.resize_native)
+    native.install(platform.device_count, module.synchronize, module._all_ready, storage.resize_native,
+                   module.NeuronGraph)
     sys.modules["torch.neuron"] = module
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty, "PrivateUse1")

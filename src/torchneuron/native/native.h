@@ -46,12 +46,16 @@ void set_storage_nbytes(py::handle owner, size_t nbytes);
 c10::Allocator* host_pinned_allocator();
 bool is_pinned_pointer(const void* pointer);
 
+// graph.cpp: torch.accelerator.Graph's implementation for neuron, where PyTorch has the interface
+void register_graph_implementation();
+
 // module.cpp: the Python callbacks, each called with the GIL held
 struct Callbacks {
   void* device_count = nullptr;  // () -> int
   void* synchronize = nullptr;   // (index) -> None
   void* ready = nullptr;         // (index) -> bool
   void* resize = nullptr;        // (torch.UntypedStorage, nbytes) -> None
+  void* new_graph = nullptr;     // () -> torch.neuron.NeuronGraph
 };
 Callbacks& callbacks();
 

@@ -16,10 +16,26 @@ import sys
 import time
 import traceback
 
+import torch
+
 from ..runtime import events, storage as storages
 from ..runtime.platform import device_count
 
 _history = None
+# torch.cuda.memory's allocator statistics: torch.neuron's own functions, found by name as torch.neuron.memory.X
+_DEVICE_MODULE_FUNCTIONS = frozenset((
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
+    "max_memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+    "memory_stats", "memory_stats_as_nested_dict", "reset_accumulated_memory_stats", "memory_summary",
+    "mem_get_info", "empty_cache", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "device_memory_used",
+))
+
+
+def __getattr__(name):
+    if name in _DEVICE_MODULE_FUNCTIONS:
+        return getattr(torch.neuron, name)
+    raise AttributeError(f"module 'torch.neuron.memory' has no attribute {name!r}")
 
 
 class _History:
