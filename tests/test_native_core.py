@@ -401,6 +401,8 @@ def test_streams_and_events():
 def test_device_properties_and_cuda_named_memory_stats():
     props = torch.neuron.get_device_properties(1)
     assert props.total_memory > 0 and props.index == 1
+    assert (props.major, props.minor) == torch.neuron.get_device_capability(1) and not props.is_integrated
+    assert props.uuid != torch.neuron.get_device_properties(0).uuid
     free, total = torch.neuron.mem_get_info(0)
     assert total == torch.neuron.get_device_properties(0).total_memory and 0 < free <= total
     torch.neuron.synchronize()
@@ -414,3 +416,5 @@ def test_device_properties_and_cuda_named_memory_stats():
     assert stats["num_alloc_retries"] == 0 and "num_ooms" in stats  # its count: test_bad_input's OOM test
     assert torch.accelerator.memory_stats()["active_bytes.all.peak"] == base + x.nbytes
     assert torch.neuron.memory_cached() == torch.neuron.memory_reserved() == base + x.nbytes  # older names
+    # torch.cuda.memory's names, and torch.accelerator.memory's (whose functions call each other)
+    assert torch.neuron.memory.memory_allocated() == torch.accelerator.memory.memory_allocated() == base + x.nbytes

@@ -241,21 +241,24 @@ def accelerator_api_routes_to_torch_neuron():
     in Python (device buffers are PJRT's), and empty_host_cache asks for a C++ HostAllocator that neuron
     does not register (it crashed once the device was in use; get_memory_info and
     reset_accumulated_memory_stats failed an internal assert). When neuron is the current accelerator these
-    calls go to torch.neuron instead. (Device index and synchronize go through the native device guard.)"""
-    accelerator = torch.accelerator
+    calls go to torch.neuron instead, in torch.accelerator and in its `memory` module (whose functions call
+    each other: torch.accelerator.memory.memory_allocated failed the same assert). (Device index and
+    synchronize go through the native device guard.)"""
+    namespaces = [torch.accelerator, getattr(torch.accelerator, "memory", None)]
 
     def route(name, neuron_name=None):
-        original = getattr(accelerator, name, None)
-        if original is None:
-            return
+        for namespace in filter(None, namespaces):
+            original = getattr(namespace, name, None)
+            if original is None:
+                continue
 
-        @functools.wraps(original)
-        def routed(*args, **kwargs):
-            if _accelerator_is_neuron():
-                return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
-            return original(*args, **kwargs)
+            @functools.wraps(original)
+            def routed(*args, original=original, **kwargs):
+                if _accelerator_is_neuron():
+                    return getattr(torch.neuron, neuron_name or name)(*args, **kwargs)
+                return original(*args, **kwargs)
 
-        setattr(accelerator, name, routed)
+            setattr(namespace, name, routed)
 
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                  "memory_stats", "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache",
