@@ -40,6 +40,8 @@ SKIPPED_ON_OLDER_PYTORCH = {
         (2, 13), "torch.accelerator.empty_host_cache is new in torch 2.13"),
     "test_graphs.py::test_torch_accelerator_graph_captures_on_neuron": (
         (2, 13), "torch.accelerator.Graph and its backend interface are new in torch 2.13"),
+    "test_native_core.py::test_accelerator_device_capability_names_the_dtypes_tensors_hold": (
+        (2, 13), "torch.accelerator.get_device_capability is new in torch 2.13"),
 }
 _TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split(".")[:2])
 

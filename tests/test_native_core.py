@@ -418,3 +418,16 @@ def test_device_properties_and_cuda_named_memory_stats():
     assert torch.neuron.memory_cached() == torch.neuron.memory_reserved() == base + x.nbytes  # older names
     # torch.cuda.memory's names, and torch.accelerator.memory's (whose functions call each other)
     assert torch.neuron.memory.memory_allocated() == torch.accelerator.memory.memory_allocated() == base + x.nbytes
+
+
+def test_accelerator_device_capability_names_the_dtypes_tensors_hold():
+    supported = torch.accelerator.get_device_capability("neuron:1")["supported_dtypes"]
+    candidates = [getattr(torch, name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)]
+    for dtype in set(candidates):
+        try:
+            torch.empty(2, dtype=dtype, device="neuron")
+            holds = True
+        except (NotImplementedError, RuntimeError):
+            holds = False
+        assert holds == (dtype in supported), dtype
+    assert {torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.complex32} <= supported

@@ -71,7 +71,7 @@ def register() -> None:
     from . import module
 
     from ..native import _C as native
-    from ..runtime import platform, storage
+    from ..runtime import dtypes, platform, storage
 
     # what _setup_privateuseone_for_python_backend does, with the native guard and hooks in place of
     # torch._C._acc's Python ones (docs/native.md says why)
@@ -79,7 +79,7 @@ def register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("neuron", module)
     native.install(platform.device_count, module.synchronize, module._all_ready, storage.resize_native,
-                   module.NeuronGraph)
+                   module.NeuronGraph, dtypes.SUPPORTED)
     sys.modules["torch.neuron"] = module
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty, "PrivateUse1")

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <bitset>
 #include <chrono>
 
 namespace py = pybind11;
@@ -19,6 +20,7 @@ namespace {
 thread_local c10::DeviceIndex current = -1;  // -1: not set in this thread, the process's default
 std::atomic<c10::DeviceIndex> default_device{0};
 std::atomic<int> cached_count{-1};
+std::bitset<static_cast<size_t>(c10::ScalarType::NumOptions)> supported;  // set once, by set_supported_dtypes
 
 py::object call(void* callback, py::args args) {
   return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(callback))(*args);
@@ -109,11 +111,28 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
     synchronize_device(device_index == -1 ? current_device() : device_index);
   }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {}
+#if __has_include(<c10/core/DeviceCapability.h>)
+  // torch.accelerator.get_device_capability (torch >= 2.13): the dtypes a neuron tensor can hold
+  c10::DeviceCapability getDeviceCapability(c10::Device /*device*/) const override {
+    c10::DeviceCapability capability;
+#define TORCHNEURON_SUPPORTED(_, name) \
+  capability.capability_data.supported_scalar_types.has_##name = supported[static_cast<size_t>(c10::ScalarType::name)];
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(TORCHNEURON_SUPPORTED)
+#undef TORCHNEURON_SUPPORTED
+    return capability;
+  }
+#endif
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl)
 
 } // namespace
+
+void set_supported_dtypes(const std::vector<c10::ScalarType>& dtypes) {
+  for (auto dtype : dtypes) {
+    supported.set(static_cast<size_t>(dtype));
+  }
+}
 
 c10::DeviceIndex device_count() noexcept {
   int count = cached_count.load();

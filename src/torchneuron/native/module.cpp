@@ -70,7 +70,8 @@ PyObject* keep(const py::object& callback) {
 }
 
 void install(const py::object& device_count_fn, const py::object& synchronize_fn, const py::object& ready_fn,
-             const py::object& resize_fn, const py::object& new_graph_fn) {
+             const py::object& resize_fn, const py::object& new_graph_fn,
+             const std::vector<c10::ScalarType>& supported_dtypes) {
   static bool installed = false;
   TORCH_CHECK(!installed, "torchneuron's native hooks are already installed");
   auto& c = callbacks();
@@ -79,6 +80,7 @@ void install(const py::object& device_count_fn, const py::object& synchronize_fn
   c.ready = keep(ready_fn);
   c.resize = keep(resize_fn);
   c.new_graph = keep(new_graph_fn);
+  set_supported_dtypes(supported_dtypes);
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
   register_allocator();
   register_graph_implementation();  // after the backend's rename: its name is the registry's key

@@ -26,6 +26,8 @@ void set_default_device(c10::DeviceIndex index) noexcept;
 void check_device_index(c10::DeviceIndex index);
 void synchronize_device(c10::DeviceIndex index);
 bool device_ready(c10::DeviceIndex index);
+// the dtypes a neuron tensor can hold (torch.accelerator.get_device_capability), given by Python at install
+void set_supported_dtypes(const std::vector<c10::ScalarType>& dtypes);
 
 // generator.cpp: Philox-shaped (seed, offset) generators, one default per device
 const at::Generator& default_generator(c10::DeviceIndex index);

@@ -32,6 +32,8 @@ _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 # reinterprets its bytes (layout). Computation on it is in complex64, PyTorch's opmath for complex32.
 _TORCH_TO_JAX[torch.complex32] = jnp.complex64
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# what a neuron tensor can hold (torch.accelerator.get_device_capability reports it)
+SUPPORTED = tuple(_TORCH_TO_JAX)
 
 # numpy cannot hold these, so host transfers reinterpret their bits.
 _BITCAST_FOR_HOST = {
@@ -64,7 +66,7 @@ def to_jax(dtype: torch.dtype):
 
 
 def check_supported(dtype: torch.dtype) -> None:
-    if dtype not in _TORCH_TO_JAX:
+    if dtype not in SUPPORTED:
         raise UnsupportedDtype(dtype)
 
 
