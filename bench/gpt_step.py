@@ -4,7 +4,8 @@ warm-up steps.
 "neuron compiled" is torch.compile(model) with the defaults: the loss and AdamW's foreach ops, outside the
 compiled graphs, are queued and fused by adaptive eager; "neuron compiled+opt" compiles the optimizer step
 too (`torch.compile(optimizer.step)`); "neuron graph" captures the whole eager step once (torch.neuron.graph,
-AdamW capturable) and replays it; "neuron eager" runs every op on its own.
+AdamW capturable) and replays it, "neuron compiled+graph" the step with the model compiled; "neuron eager"
+runs every op on its own.
 
     python -m bench.gpt_step              # the step
     python -m bench.gpt_step --products   # its matrix products alone: torch against a bare jax.jit
@@ -24,8 +25,8 @@ import torchneuron  # noqa: F401
 from .models import _step_fns, adaptive_for, gpt
 from .timing import measure
 
-CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "graph"),
-           ("neuron", "adaptive"), ("neuron", "eager")]
+CONFIGS = [("cpu", "eager"), ("neuron", "compiled"), ("neuron", "compiled+opt"), ("neuron", "compiled+graph"),
+           ("neuron", "graph"), ("neuron", "adaptive"), ("neuron", "eager")]
 
 
 def step_ms(train, device: str, steps: int) -> tuple:

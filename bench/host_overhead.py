@@ -16,7 +16,8 @@ larger, as the device's computations share the host's cores, caches and memory a
 Modes: "compiled" is what a user gets from torch.compile(model) with the defaults: the model's graphs
 compiled, the loss and AdamW's foreach ops queued and fused by adaptive eager; "compiled, adaptive off"
 runs those ops one executable each; "compiled+opt" compiles the optimizer step too
-(`torch.compile(optimizer.step)`); "graph" replays the whole eager step captured once (torch.neuron.graph);
+(`torch.compile(optimizer.step)`); "graph" replays the whole eager step captured once (torch.neuron.graph),
+"compiled+graph" the step with the model compiled;
 "adaptive" and "eager" leave the model uncompiled.
 """
 import argparse
@@ -53,7 +54,8 @@ class ExecutableTime:
 
 # (model, adaptive eager for the rest of the step: the optimizer's ops); the default is adaptive eager on
 MODES = {"compiled": ("compiled", True), "compiled, adaptive off": ("compiled", False),
-         "compiled+opt": ("compiled+opt", True), "graph": ("graph", True),
+         "compiled+opt": ("compiled+opt", True), "compiled+graph": ("compiled+graph", True),
+         "graph": ("graph", True),
          "adaptive": ("eager", True), "eager": ("eager", False)}
 
 

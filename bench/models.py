@@ -58,7 +58,7 @@ def _step_fns(factory, device, mode):
     model = model.to(device)
     inputs, targets = inputs.to(device), targets.to(device)
     runner = _compile(model, mode)
-    if mode == "graph":
+    if mode in ("graph", "compiled+graph"):
         # the step captured whole (torch.neuron.graph, as CUDA graphs capture it): AdamW's state on the device
         optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-4), capturable=True)
     else:
@@ -75,7 +75,7 @@ def _step_fns(factory, device, mode):
         with torch.no_grad():
             runner(inputs)
 
-    if mode == "graph":
+    if mode in ("graph", "compiled+graph"):
         return _captured(train), _captured(infer), items
     return train, infer, items
 

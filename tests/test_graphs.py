@@ -62,6 +62,43 @@ def test_a_captured_training_step_trains_as_on_the_cpu():
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4)
 
 
+def test_compiled_graphs_are_captured_with_the_eager_ops_around_them():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1)).to("neuron")
+    model.load_state_dict(cpu.state_dict())
+    compiled = torch.compile(model, backend="neuron")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu_optimizer = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    static_x, static_y = torch.zeros(4, 8, device="neuron"), torch.zeros(4, 1, device="neuron")
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(compiled(static_x), static_y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step()  # compiles the forward and backward graphs, outside the capture
+    F.mse_loss(cpu(torch.zeros(4, 8)), torch.zeros(4, 1)).backward()  # the same step on the CPU
+    cpu_optimizer.step()
+    cpu_optimizer.zero_grad(set_to_none=True)
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        static_loss = step()
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randn(4, 1)
+        static_x.copy_(x), static_y.copy_(y)
+        graph.replay()
+        expected = F.mse_loss(cpu(x), y)
+        expected.backward()
+        cpu_optimizer.step()
+        cpu_optimizer.zero_grad(set_to_none=True)
+        torch.testing.assert_close(static_loss.cpu(), expected.detach(), atol=1e-5, rtol=1e-4)
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4)
+
+
 def test_random_ops_draw_new_numbers_at_each_replay():
     generator = torch.Generator("neuron").manual_seed(0)
     graph = torch.neuron.NeuronGraph()
@@ -78,10 +115,8 @@ def test_random_ops_draw_new_numbers_at_each_replay():
 
 def test_what_would_not_replay_is_refused_and_the_capture_dropped():
     static_x = torch.ones(3, device="neuron")
-    compiled = torch.compile(lambda t: t * 2, backend="neuron")
-    compiled(static_x)
-    for body in (lambda: (static_x * 2).sum().item(), lambda: static_x.cpu(), lambda: compiled(static_x),
-                 lambda: torch.neuron.synchronize()):
+    for body in (lambda: (static_x * 2).sum().item(), lambda: static_x.cpu(), lambda: static_x.to("neuron:1"),
+                 lambda: static_x.nonzero(), lambda: torch.neuron.synchronize()):
         graph = torch.neuron.NeuronGraph()
         with pytest.raises(RuntimeError, match="captur"):
             with torch.neuron.graph(graph):

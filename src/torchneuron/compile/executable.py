@@ -7,7 +7,9 @@ the old buffers), and returns fresh flat buffers for the outputs. Shapes are
 specialised: a new signature (tensor views, or the values of symbolic-size
 inputs under dynamic=True) builds and counts a new program.
 """
+import functools
 import hashlib
+import math
 import operator
 
 import jax
@@ -121,7 +123,6 @@ class CompiledGraph:
     def __call__(self, args):
         if self.refused is not None:
             raise self.refused.with_traceback(None)  # one traceback per call, not one grown by each
-        adaptive.refuse_while_capturing("a torch.compile'd graph (already one program: call it outside the capture)")
         args = list(args)
         positions, statics, tensors = [], [], []
         for i, a in enumerate(args):
@@ -525,18 +526,24 @@ class _Program:
         self.compiled = program.trace(*avals).lower().compile()
         self.views = _sized(views, self.constants)
 
+    @property
+    def argument_storages(self) -> list:
+        return self.program.argument_storages
+
+    @functools.cached_property
+    def output_sizes(self) -> list:
+        return [math.prod(out.shape) for out in self.compiled.out_info]
+
     def run(self, args, storages):
-        adaptive.flush()  # queued ops come first, and may read buffers this program donates
-        flat = self.program.buffers_of(storages)
-        if self.random:
-            flat.append(rng.next_key(self.device_index))
-        if self.mesh is not None:
-            flat = over_mesh(flat, self.mesh)
-        results = events.launch(self, flat) if events.listening else self.compiled(*flat)
-        if self.mesh is not None:
-            results = shard_of(results)
-        if results:
-            sync.launched(self.device_index, results[-1])
+        queue = adaptive.queue
+        if queue.capture is not None:
+            # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
+            # records eager executables
+            if self.mesh is not None:
+                adaptive.refuse_while_capturing(f"the compiled graph {self.op}, whose collectives span processes,")
+            results = queue.record(self, storages, [rng.next_key(self.device_index)] if self.random else [])
+        else:
+            results = self._launch(storages)
         if self.check_errors:
             n_checks = len(self.check_errors)
             pending_checks.add(self.device_index, self.op, results[-n_checks:], self.check_errors)
@@ -569,3 +576,17 @@ class _Program:
             outputs[j] = _ALIAS(outputs[aliased])
         del outputs[self.n_outputs:]
         return outputs
+
+    def _launch(self, storages) -> list:
+        adaptive.flush()  # queued ops come first, and may read buffers this program donates
+        flat = self.program.buffers_of(storages)
+        if self.random:
+            flat.append(rng.next_key(self.device_index))
+        if self.mesh is not None:
+            flat = over_mesh(flat, self.mesh)
+        results = events.launch(self, flat) if events.listening else self.compiled(*flat)
+        if self.mesh is not None:
+            results = shard_of(results)
+        if results:
+            sync.launched(self.device_index, results[-1])
+        return results
