@@ -3,6 +3,7 @@
 Every input is a known function of the rank, so each rank computes the expected
 result of a collective itself, on the CPU, from all ranks' inputs.
 """
+import contextlib
 import copy
 import datetime
 import os
@@ -13,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchneuron  # noqa: F401
@@ -297,6 +300,7 @@ def _train(variant: str, steps: int = 20):
     full batch; DDP averages gradients, so the two runs are the same run."""
     torch.manual_seed(1)
     data = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(steps)]
+    extra = (torch.randn(8, 8), torch.randn(8, 4))  # "join": uneven inputs, rank 0's one batch more
     reference = _WithUnused() if variant == "find_unused" else _model()
     model = copy.deepcopy(reference).to(DEVICE)
     # several buckets for this small model; compiled, the default (Dynamo's DDP optimizer refuses buckets
@@ -317,12 +321,31 @@ def _train(variant: str, steps: int = 20):
             return default_hooks._compress_hook(dtype, state, bucket)
 
         ddp.register_comm_hook(None, compress)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    if variant == "zero":  # the optimizer's state sharded over the ranks, parameters broadcast after each step
+        optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    else:
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     if variant == "compiled":
         # Dynamo's DDP optimizer splits the graph at bucket boundaries so each bucket's all-reduce overlaps
         ddp = torch.compile(ddp, backend="neuron")
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     losses, reference_losses = [], []
+    with Join([ddp]) if variant == "join" else contextlib.nullcontext():
+        _steps(variant, data, ddp, optimizer, reference, reference_optimizer, losses, reference_losses)
+        if variant == "join":
+            # rank 1 has joined: it shadows rank 0's all-reduce with zeros, so the gradient is half of rank 0's
+            # (averaged over both ranks), and at the end Join gives it rank 0's parameters
+            x, y = extra
+            if RANK == 0:
+                F.mse_loss(ddp(x[:4].to(DEVICE)), y[:4].to(DEVICE)).backward()
+                optimizer.step()
+            (0.5 * F.mse_loss(reference(x[:4]), y[:4])).backward()
+            reference_optimizer.step()
+    params = [p.detach().cpu() for p in model.parameters()]
+    return losses, reference_losses, params, list(reference.parameters())
+
+
+def _steps(variant, data, ddp, optimizer, reference, reference_optimizer, losses, reference_losses):
     for step, (x, y) in enumerate(data):
         mine = slice(RANK * 8 // WORLD, (RANK + 1) * 8 // WORLD)
         if variant == "no_sync" and step % 2 == 0:
@@ -350,8 +373,6 @@ def _train(variant: str, steps: int = 20):
         if not (variant == "no_sync" and step % 2 == 0):
             losses.append(global_loss.item())
             reference_losses.append(reference_loss.item())
-    params = [p.detach().cpu() for p in model.parameters()]
-    return losses, reference_losses, params, list(reference.parameters())
 
 
 def _sync_batch_norm():
