@@ -184,3 +184,23 @@ def test_torch_accelerator_graph_captures_on_neuron():
         with graph:
             (x + 1).sum().item()
     assert not torch.neuron.is_current_stream_capturing()
+
+
+def test_a_hugging_face_model_is_captured():
+    """transformers reads masks on the host unless a graph is being captured (patches.py
+    transformers_sees_neuron_graph_captures)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)).to("neuron").eval()
+    static_ids = torch.zeros(1, 8, dtype=torch.long, device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.no_grad():
+        model(static_ids)
+        with torch.neuron.graph(graph):
+            logits = model(static_ids, use_cache=False).logits
+        for _ in range(2):
+            ids = torch.randint(0, 100, (1, 8))
+            static_ids.copy_(ids)
+            graph.replay()
+            torch.testing.assert_close(logits.cpu(), model(ids.to("neuron"), use_cache=False).logits.cpu())

@@ -498,6 +498,28 @@ def _wrap_dynamo_entry_points(dynamo) -> None:
         _apply_compile_patches_first(dynamo, name)
 
 
+@_patch
+def transformers_sees_neuron_graph_captures() -> None:
+    """Hugging Face transformers skips its host-side checks (a padding mask's `.all()`, read on the host) while
+    a graph is captured, but asks only CUDA and XPU whether one is (`is_tracing`): capturing a model on neuron
+    failed at the first check. Its question about CUDA's capture also asks neuron's, once transformers is
+    imported (nothing is imported here)."""
+
+    def patch(import_utils):
+        asks_cuda = getattr(import_utils, "is_cuda_stream_capturing", None)
+        if asks_cuda is None or getattr(asks_cuda, "neuron_patched", False):
+            return
+
+        @functools.wraps(asks_cuda)
+        def is_cuda_stream_capturing():
+            return torch.neuron.is_current_stream_capturing() or asks_cuda()
+
+        is_cuda_stream_capturing.neuron_patched = True
+        import_utils.is_cuda_stream_capturing = is_cuda_stream_capturing
+
+    _when_imported("transformers.utils.import_utils", patch)
+
+
 class _WhenImported(importlib.abc.MetaPathFinder):
     """Calls `then(module)` once the module named `name` is imported, after its own code ran; `then` only wraps
     attributes (importing anything there could meet modules still being imported)."""
@@ -877,6 +899,7 @@ def apply() -> None:
     matrix_rank_out_writes_its_out()
     ctc_loss_reads_tensor_lengths_on_the_host()
     profiler_activity_named_neuron()
+    transformers_sees_neuron_graph_captures()
     apply.done = True
 
 
