@@ -1,4 +1,5 @@
-"""Every patch TorchNeuron applies to PyTorch, one function each, naming the upstream gap.
+"""Every patch TorchNeuron applies to PyTorch (and one to Hugging Face transformers), one function each, naming
+the upstream gap.
 
 Runtime patches (applied on import): a Python backend has no C++ allocator,
 device guard or hooks beyond the basics, so PyTorch paths that need them are
