@@ -96,8 +96,8 @@ def run(device: str, smoke: bool, baseline: str = "cpu") -> list:
     for name, factory in factories.items():
         for phase in ("train", "infer"):
             row = {"benchmark": f"{name} {phase} step", "unit": "items/s"}
-            configs = [(device, "eager"), (device, "adaptive"), (device, "compiled"), (baseline, "eager"),
-                       (baseline, "inductor")]
+            configs = [(device, "eager"), (device, "adaptive"), (device, "compiled"), (device, "graph"),
+                       (baseline, "eager"), (baseline, "inductor")]
             for target, mode in configs:
                 label = f"{target} {mode}"
                 if smoke and mode not in ("eager", "adaptive"):
