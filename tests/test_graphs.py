@@ -146,7 +146,8 @@ def test_graphed_callables_train_as_on_the_cpu():
     cpu = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to("neuron")
     model.load_state_dict(cpu.state_dict())
-    model = torch.neuron.make_graphed_callables(model, (torch.randn(4, 8, device="neuron", requires_grad=True),))
+    # torch.cuda.graphs' module path too
+    model = torch.neuron.graphs.make_graphed_callables(model, (torch.randn(4, 8, device="neuron", requires_grad=True),))
     samples = (torch.randn(3, device="neuron", requires_grad=True), torch.randn(3, device="neuron"))
     product = torch.neuron.make_graphed_callables(lambda a, b: (a * b).sin(), samples)
     optimizer, cpu_optimizer = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(cpu.parameters(), lr=0.1)

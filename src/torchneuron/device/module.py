@@ -5,7 +5,7 @@ import uuid
 import torch
 from torch.nn.parallel import comm  # noqa: F401  (torch.cuda.comm's counterpart: copies between devices)
 
-from . import amp  # noqa: F401  (torch.cuda.amp's counterpart)
+from . import amp, graphs  # noqa: F401  (torch.cuda.amp's and torch.cuda.graphs' counterparts)
 from .graphs import (  # noqa: F401
     NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables,
 )
