@@ -5,7 +5,8 @@
 Wall-clock medians (bench.run's micro section) move with whatever else runs on the machine; the
 minimum thread CPU time over many repeats does much less, so it is how before/after comparisons of
 the eager fast path are made. Each figure is µs per call, min over `--repeats` runs of `--calls`
-calls; ratios are within this one run.
+calls; ratios are within this one run. "neuron graph" replays the op captured in a graph (torch.neuron.graph):
+the host cost of one program launch from a graph, for ops that take no new number at each call.
 """
 import argparse
 import time
@@ -31,6 +32,19 @@ def thread_time_per_call(fn, calls: int, repeats: int) -> float:
 OPS = ("add 16x16", "mul 16x16", "in-place add_", "add_(b, alpha=new number)")
 
 
+# the ops a graph replays as they are: a new number at each call would be a constant of the captured graph
+CAPTURED = ("add 16x16", "mul 16x16", "in-place add_")
+
+
+def _captured(fn):
+    """`fn`'s op captured in a graph (torch.neuron.graph): each call replays it."""
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        fn()
+    graph.replay()
+    return graph.replay
+
+
 def _cases(all_cases: dict) -> dict:
     return {name: all_cases[name] for name in OPS}
 
@@ -54,12 +68,17 @@ def main(argv=None) -> dict:
         for name, fn in _cases(torch_cases("neuron")).items():
             rows[name]["neuron adaptive"] = thread_time_per_call(fn, args.calls, args.repeats)
         torch.neuron.synchronize()
-    order = ["neuron", "neuron adaptive", "bare jax.jit", "torch cpu"]
-    print("| op | " + " | ".join(order) + " | neuron / bare jax.jit | adaptive / bare jax.jit |")
-    print("|---" * (len(order) + 3) + "|")
+    for name, fn in _cases(torch_cases("neuron")).items():
+        if name in CAPTURED:
+            rows[name]["neuron graph"] = thread_time_per_call(_captured(fn), args.calls, args.repeats)
+    torch.neuron.synchronize()
+    order = ["neuron", "neuron adaptive", "neuron graph", "bare jax.jit", "torch cpu"]
+    print("| op | " + " | ".join(order) + " | neuron / bare jax.jit | adaptive / bare jax.jit | graph / bare jax.jit |")
+    print("|---" * (len(order) + 4) + "|")
     for name, row in rows.items():
-        cells = [f"{row[c]:.2f}" for c in order]
-        ratios = [f"{row['neuron'] / row['bare jax.jit']:.2f}", f"{row['neuron adaptive'] / row['bare jax.jit']:.2f}"]
+        cells = [f"{row[c]:.2f}" if c in row else "n/a" for c in order]
+        ratios = [f"{row[c] / row['bare jax.jit']:.2f}" if c in row else "n/a"
+                  for c in ("neuron", "neuron adaptive", "neuron graph")]
         print(f"| {name} | " + " | ".join(cells + ratios) + " |")
     return rows
 
