@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fixed_cost import OPS
+from bench.fixed_cost import CAPTURED, OPS
 from bench.gpt_step import PRODUCTS
 from bench.ops import cases
 
@@ -31,7 +31,10 @@ def test_fixed_cost_prints_every_op():
     out = subprocess.run([sys.executable, "-m", "bench.fixed_cost", "--calls", "5", "--repeats", "1"], cwd=ROOT,
                          check=True, capture_output=True, text=True).stdout
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| op |")]
-    assert [r[1].strip() for r in rows] == list(OPS) and all(len(r) == 9 for r in rows), out
+    assert [r[1].strip() for r in rows] == list(OPS) and all(len(r) == 11 for r in rows), out
+    # the graph column: a replay time for each op a graph replays as it is, n/a for the one taking new numbers
+    assert [r[1].strip() for r in rows if r[4].strip() != "n/a"] == list(CAPTURED), out
+    assert all(float(r[4]) > 0 for r in rows if r[1].strip() in CAPTURED), out
 
 
 
