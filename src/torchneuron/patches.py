@@ -104,23 +104,27 @@ def _script_tensors(module):
                     yield f"{prefix}.{name}" if prefix else name, owner, name, tensor
 
 
+def _script_tensor_places(module) -> list:
+    """Each tensor of a script module with its places, [(path, owner, name)]: a script module hands out the same
+    Python object for a tensor while it is alive (kept alive here), so tied tensors (one C++ tensor in two
+    modules) are recognised by identity."""
+    places = {}
+    for path, owner, name, tensor in _script_tensors(module):
+        places.setdefault(id(tensor), (tensor, []))[1].append((path, owner, name))
+    return list(places.values())
+
+
 def _script_ties(module) -> list:
     """The (owner, name) places of each tensor found in more than one place of a script module."""
-    places = {}
-    for _, owner, name, tensor in _script_tensors(module):
-        places.setdefault(id(tensor), (tensor, []))[1].append((owner, name))
-    return [where for _, where in places.values() if len(where) > 1]
+    return [[(owner, name) for _, owner, name in where] for _, where in _script_tensor_places(module) if len(where) > 1]
 
 
 def _move_script_tensors(module, device_of) -> None:
-    # a script module hands out the same Python object for a tensor while it is alive: kept alive here, tied
-    # tensors (one C++ tensor in two modules) are recognised by identity and moved once
-    moved = {}
-    for path, owner, name, tensor in list(_script_tensors(module)):
-        if id(tensor) not in moved:
-            copy = tensor.detach().to(device_of(path)).requires_grad_(tensor.requires_grad)
-            moved[id(tensor)] = (tensor, copy)
-        owner._c.setattr(name, moved[id(tensor)][1])
+    """Each tensor moved once, to the device `device_of` its first place's path, and set in all its places."""
+    for tensor, where in _script_tensor_places(module):
+        copy = tensor.detach().to(device_of(where[0][0])).requires_grad_(tensor.requires_grad)
+        for _, owner, name in where:
+            owner._c.setattr(name, copy)
 
 
 @_patch
@@ -318,7 +322,7 @@ def _broadcast(tensor, devices):
     on_device = tensor.device.type == "neuron"
     if on_device and tensor.get_device() != devices[0]:
         raise RuntimeError("device of broadcasted tensor must appear as the first on devices list")
-    copies = [tensor.to(_neuron(d), non_blocking=True, copy=True) for d in devices[on_device:]]
+    copies = [tensor.to(_neuron(d), non_blocking=True, copy=True) for d in (devices[1:] if on_device else devices)]
     return [tensor, *copies] if on_device else copies
 
 

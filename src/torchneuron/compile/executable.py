@@ -536,14 +536,15 @@ class _Program:
 
     def run(self, args, storages):
         queue = adaptive.queue
+        extras = [rng.next_key(self.device_index)] if self.random else []
         if queue.capture is not None:
             # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
             # records eager executables
             if self.mesh is not None:
                 adaptive.refuse_while_capturing(f"the compiled graph {self.op}, whose collectives span processes,")
-            results = queue.record(self, storages, [rng.next_key(self.device_index)] if self.random else [])
+            results = queue.record(self, storages, extras)
         else:
-            results = self._launch(storages)
+            results = self._launch(storages, extras)
         if self.check_errors:
             n_checks = len(self.check_errors)
             pending_checks.add(self.device_index, self.op, results[-n_checks:], self.check_errors)
@@ -577,11 +578,9 @@ class _Program:
         del outputs[self.n_outputs:]
         return outputs
 
-    def _launch(self, storages) -> list:
+    def _launch(self, storages, extras) -> list:
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
-        flat = self.program.buffers_of(storages)
-        if self.random:
-            flat.append(rng.next_key(self.device_index))
+        flat = self.program.buffers_of(storages) + extras
         if self.mesh is not None:
             flat = over_mesh(flat, self.mesh)
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)

@@ -47,7 +47,7 @@ class NeuronGraph:
         return graph_pool_handle()
 
     def enable_debug_mode(self) -> None:
-        """Nothing to enable: the captured program is XLA's, seen with TORCHNEURON_DEBUG tools."""
+        """Nothing to enable: the replayed program is XLA's, which XLA_FLAGS=--xla_dump_to=DIR dumps."""
 
 
 class graph:

@@ -214,12 +214,19 @@ def _fused_program(ops, n_values, external_values, kept):
 
 
 def _compile_and_run(key, ops, n_values, external_values, kept, device_index, *externals):
-    """A queue structure's second sighting: its fused program compiled, run, and cached as eager executables
-    keep theirs (JAX's C++ call, which the first call sets)."""
-    fused = compile_on_device(_fused_program(ops, n_values, external_values, kept), device_index, externals)
-    results = fused(*externals)
-    fused_cache.put(key, fast_call(fused))
+    """A queue structure's second sighting: its fused program compiled, run, and cached."""
+    fused, results = _compiled_at_first_run(_fused_program(ops, n_values, external_values, kept), device_index,
+                                            externals)
+    fused_cache.put(key, fused)
     return results
+
+
+def _compiled_at_first_run(program, device_index: int, externals):
+    """`program` compiled for `externals` and run on them: how to call it from now on, as eager executables
+    keep theirs (JAX's C++ call, which the first call sets), and the first run's results."""
+    compiled = compile_on_device(program, device_index, externals)
+    results = compiled(*externals)
+    return fast_call(compiled), results
 
 
 def _replay(ops, n_values, external_values, externals, kept, device_index):
@@ -280,11 +287,8 @@ class CapturedGraph:
         if results:
             sync.last[self.device_index] = results[-1]
 
-
     def _compile_and_run(self, *externals):
-        compiled = compile_on_device(self.program, self.device_index, externals)
-        results = compiled(*externals)
-        self.compiled = fast_call(compiled)
+        self.compiled, results = _compiled_at_first_run(self.program, self.device_index, externals)
         return results
 
 

@@ -23,10 +23,11 @@ def add(device_index: int, op, conditions, errors) -> None:
 
 def take(device_index: int, condition_taken) -> list:
     """Remove and return the device's unread checks with a condition for which `condition_taken` holds."""
-    queue = _pending.get(device_index, [])
-    taken = [check for check in queue if any(condition_taken(c) for c in check[1])]
+    kept, taken = [], []
+    for check in _pending.get(device_index, []):
+        (taken if any(condition_taken(c) for c in check[1]) else kept).append(check)
     if taken:
-        queue[:] = [check for check in queue if not any(check is t for t in taken)]
+        _pending[device_index] = kept
     return taken
 
 
