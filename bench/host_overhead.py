@@ -45,7 +45,7 @@ class ExecutableTime:
 
     def end(self, token, details):
         kind, start = token
-        if kind in ("launch", "flush") and details.get("cache") != "miss":
+        if kind in ("launch", "flush", "graph_replay") and details.get("cache") != "miss":
             self.seconds += time.perf_counter() - start
 
     def instant(self, kind, name, details):

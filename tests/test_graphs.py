@@ -205,3 +205,24 @@ def test_a_hugging_face_model_is_captured():
             static_ids.copy_(ids)
             graph.replay()
             torch.testing.assert_close(logits.cpu(), model(ids.to("neuron"), use_cache=False).logits.cpu())
+
+
+def test_replays_are_named_as_graph_replays_by_the_profilers():
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchneuron.profiler.collector import Collector
+    from torchneuron.profiler.report import summarize, text
+
+    static_x = torch.zeros(5, device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        static_y = (static_x + 1) * 2
+    with profile(activities=[ProfilerActivity.CPU]) as prof, Collector() as collector:
+        graph.replay()
+        graph.replay()
+        static_y.cpu()
+    names = [e.name for e in prof.events()]
+    assert names.count("neuron::graph_replay") == 2 and "neuron::adaptive_flush" not in names
+    report = summarize(collector, recompile_limit=10)
+    assert report["replays"] == {"replays": 2, "ops": 4, "compiles": 1}  # two ops each: the add and the mul
+    assert "== Captured graphs (torch.neuron.graph)" in text(report, "test")

@@ -203,13 +203,13 @@ def _evaluate(ops, n_values, external_values, externals, kept, run_op):
     return tuple(values[v] for v in kept)
 
 
-def _fused_program(ops, n_values, external_values, kept):
+def _fused_program(ops, n_values, external_values, kept, name=None):
     """One traceable function of the queue: each op's program inlined (its eager executable's jit is not)."""
 
     def fused(*externals):
         return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.program.function(*args))
 
-    fused.__name__ = fused.__qualname__ = events.fused_name(len(ops))
+    fused.__name__ = fused.__qualname__ = name or events.fused_name(len(ops))
     return fused
 
 
@@ -262,7 +262,7 @@ class CapturedGraph:
         self.writes = [storage for storage, _ in writes]
         self.checks = [(op, len(numbers), errors) for op, numbers, errors in checks]
         kept = tuple(number for _, number in writes) + tuple(n for _, numbers, _ in checks for n in numbers)
-        self.program = _fused_program(ops, n_values, external_values, kept)
+        self.program = _fused_program(ops, n_values, external_values, kept, events.graph_name(len(ops)))
         self.ops = ops  # the executables the program inlines
         self.device_index = device_index
         self.compiled = None
@@ -275,8 +275,7 @@ class CapturedGraph:
         for i, generator in self.keys:
             externals[i] = rng.next_key(self.device_index, generator)
         run = self.compiled or self._compile_and_run
-        # a replay is a fused queue's run to the profiler
-        results = (events.flush(run, externals, len(self.ops), self.device_index, self.compiled is None)
+        results = (events.graph_replay(run, externals, len(self.ops), self.device_index, self.compiled is None)
                    if events.listening else run(*externals))
         for storage, array in zip(self.writes, results):
             storage.buffer = array

@@ -47,6 +47,7 @@ class Collector:
         self.fallbacks = collections.Counter()  # (op, call site) -> calls
         self.transfers = collections.defaultdict(lambda: [0, 0, 0])  # direction -> [count, bytes, ns]
         self.flushes = collections.Counter()  # flushes, ops, compiles, op by op
+        self.replays = collections.Counter()  # replays, ops, compiles (captured graphs: torch.neuron.graph)
         self.timeline = []  # (seconds since start, bytes allocated on all devices)
         self.live = {}  # id(storage) -> (bytes, device, dtype, call site)
         self.peak = 0
@@ -112,6 +113,10 @@ class Collector:
             self.flushes["ops"] += details["ops"]
             self.flushes["compiles"] += details["cache"] == "miss"
             self.flushes["op by op"] += details["cache"] == "op by op"
+        elif kind == "graph_replay":
+            self.replays["replays"] += 1
+            self.replays["ops"] += details["ops"]
+            self.replays["compiles"] += details["cache"] == "miss"
 
     def instant(self, kind, name, details):
         if kind == "alloc":

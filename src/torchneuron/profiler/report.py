@@ -38,6 +38,7 @@ def summarize(c, recompile_limit: int) -> dict:
         "programs": sorted(((name, n, ns, most) for name, (n, ns, most) in c.programs.items()), key=lambda r: -r[2]),
         "compiles": sorted(((name, n, ns) for name, (n, ns) in c.compiles.items()), key=lambda r: -r[2]),
         "flushes": dict(c.flushes),
+        "replays": dict(c.replays),
         "transfers": sorted((d, n, b, ns) for d, (n, b, ns) in c.transfers.items()),
         "peak": c.peak,
         "largest": c.largest_at_peak,
@@ -68,6 +69,8 @@ def sections(s: dict) -> list:
     transfers = [(d, n, _bytes(b), _ms(ns)) for d, n, b, ns in s["transfers"]]
     flushes = s["flushes"]
     flush_rows = [tuple(flushes.get(k, 0) for k in ("flushes", "op by op", "ops", "compiles"))] if flushes else []
+    replays = s["replays"]
+    replay_rows = [tuple(replays[k] for k in ("replays", "ops", "compiles"))] if replays else []
     return [
         ("CPU fallbacks (ops without a neuron lowering: each call copies its tensors to the host and back)",
          ("op", "calls", "first call site"), fallback_rows, "none"),
@@ -82,6 +85,8 @@ def sections(s: dict) -> list:
         ("Compilations (first runs: trace + XLA compile)", ("op or graph", "compiles", "total"),
          [(name, n, _ms(ns)) for name, n, ns in s["compiles"][:TOP]], "none"),
         ("Adaptive eager", ("queue runs", "of which op by op (a new structure)", "ops", "fused programs compiled"), flush_rows, "not used"),
+        ("Captured graphs (torch.neuron.graph)", ("replays", "ops replayed", "programs compiled"), replay_rows,
+         "none replayed"),
         ("Transfers", ("direction", "count", "bytes", "time"), transfers, "none"),
         (f"Memory: peak {_bytes(s['peak'])}; largest live tensors at the peak", ("bytes", "dtype", "device",
          "allocated at"), largest, "no neuron memory allocated"),

@@ -11,6 +11,7 @@ record_function range under the ATen op that caused it:
     neuron::cpu_fallback     an op run on the CPU
     neuron::adaptive_flush   adaptive eager's run of its queue (fused, or op by op the first time a
                              structure is seen), with its op count
+    neuron::graph_replay     a captured graph's replay (torch.neuron.graph), with its op count
     neuron::graph_compile    a torch.compile graph compiled or loaded from the disk cache
 
 so `key_averages()` sums them. Executables are waited for while a session runs, so their device time is
@@ -33,6 +34,7 @@ _SPAN_NAMES = {
     "launch": "neuron::launch",
     "execute": "neuron::execute",
     "flush": "neuron::adaptive_flush",
+    "graph_replay": "neuron::graph_replay",
     "graph_compile": "neuron::graph_compile",
 }
 _KEPT_SESSIONS = 4

@@ -13,7 +13,8 @@ and may set `wants_device_time`: executables are then waited for, in a nested "e
 Kinds: "op" (one ATen call on neuron tensors, name the OpOverload), "compile" (an executable's first
 run: trace and XLA compile), "launch" (a cached executable's run), "execute" (waiting for the device
 to finish it: only where a listener sets `wants_device_time`), "graph_compile", "transfer",
-"fallback", "flush" (adaptive eager's run of its queue: fused, or op by op for a new structure), "signature" (a new executable for an op or graph,
+"fallback", "flush" (adaptive eager's run of its queue: fused, or op by op for a new structure), "graph_replay" (a
+captured graph's replay, torch.neuron.graph), "signature" (a new executable for an op or graph,
 details["key"] its signature), "alloc" and "free" (name: the Storage).
 """
 import jax
@@ -103,15 +104,28 @@ def signature(what: str, name, key) -> None:
 def flush(run, externals, n_ops: int, device_index: int, compiles: bool):
     """Adaptive eager runs its queue of `n_ops` ops as one fused program, `run(*externals)` (which compiles
     it first if `compiles`); its device time, when asked for, in a nested "execute" span."""
-    name = fused_name(n_ops)
+    return _fused_run("flush", fused_name(n_ops), run, externals, n_ops, device_index, compiles)
+
+
+def graph_replay(run, externals, n_ops: int, device_index: int, compiles: bool):
+    """A captured graph's replay: its program of `n_ops` ops, `run(*externals)`, as `flush` runs a queue's."""
+    return _fused_run("graph_replay", graph_name(n_ops), run, externals, n_ops, device_index, compiles)
+
+
+def _fused_run(kind, name, run, externals, n_ops, device_index, compiles):
     details = {"ops": n_ops, "inputs": len(externals), "cache": "miss" if compiles else "hit",
                "device": device_index}
-    return span("flush", name, _run_and_wait, (run, externals, name, device_index), details)
+    return span(kind, name, _run_and_wait, (run, externals, name, device_index), details)
 
 
 def fused_name(n_ops: int) -> str:
     """The name of adaptive eager's fused program of `n_ops` ops, in XLA's program text and in profiles."""
     return f"adaptive_eager_{n_ops}_ops"
+
+
+def graph_name(n_ops: int) -> str:
+    """The name of a captured graph's program of `n_ops` ops, in XLA's program text and in profiles."""
+    return f"captured_graph_{n_ops}_ops"
 
 
 def flush_op_by_op(evaluate, args, n_ops: int, n_inputs: int, device_index: int):
