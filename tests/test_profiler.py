@@ -204,3 +204,34 @@ def test_a_program_taking_view_offsets_is_reported_as_an_offset_recompile():
         events.stop_listening(listener)
     causes = {(name, cause) for name, cause, _, _ in listener.recompiles}
     assert causes == {("aten.mul.Tensor", "strides or storage offset"), ("aten.copy_.default", "strides or storage offset")}
+
+
+def test_nvtx_annotations_are_profiler_ranges(tmp_path):
+    """torch.neuron.nvtx as torch.cuda.nvtx: depths as NVTX returns them, ranges around the neuron work."""
+    import threading
+
+    from torch.neuron import nvtx
+
+    a = torch.ones(4, device="neuron")
+
+    @nvtx.range("decorated {}", 1)
+    def decorated():
+        return (a * 2).sum()
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        assert nvtx.range_push("outer") == 0
+        assert nvtx.range_push("inner") == 1
+        nvtx.mark("instant")
+        decorated().item()
+        assert nvtx.range_pop() == 1 and nvtx.range_pop() == 0 and nvtx.range_pop() == -1
+        started = nvtx.range_start("across threads")
+        ended = threading.Thread(target=nvtx.range_end, args=(started,))
+        ended.start()
+        ended.join()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    trace = json.loads((tmp_path / "t.json").read_text())
+    (outer,), (inner,), (op,) = (_cpu_events(trace, name) for name in ("outer", "inner", "decorated 1"))
+    assert outer["ts"] <= inner["ts"] <= op["ts"] and op["ts"] + op["dur"] <= inner["ts"] + inner["dur"]
+    assert any(e["name"].startswith("neuron::") and op["ts"] <= e["ts"] <= op["ts"] + op["dur"]
+               for e in trace["traceEvents"])
+    assert _cpu_events(trace, "instant") and _cpu_events(trace, "across threads")
