@@ -295,6 +295,25 @@ def data_parallel_copies_between_neuron_devices() -> None:
     nccl.is_available = nccl_is_available
 
 
+@_patch
+def subgroups_default_to_the_neuron_devices() -> None:
+    """dist.new_subgroups() (the intra-machine groups of post-localSGD and hierarchical model averaging) takes
+    its default group size from torch.cuda.device_count() and refuses without CUDA; with neuron as the
+    accelerator the default is torch.neuron.device_count(), as CUDA's is its device count."""
+    if not torch.distributed.is_available():
+        return
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    new_subgroups = c10d.new_subgroups
+
+    @functools.wraps(new_subgroups)
+    def new_subgroups_of_neuron_devices(group_size=None, *args, **kwargs):
+        if group_size is None and not torch.cuda.is_available() and _accelerator_is_neuron():
+            group_size = torch.neuron.device_count()
+        return new_subgroups(group_size, *args, **kwargs)
+
+    c10d.new_subgroups = torch.distributed.new_subgroups = new_subgroups_of_neuron_devices
+
+
 def _for_neuron_tensors(cuda_function, ours):
     if cuda_function is None:
         return ours
@@ -896,6 +915,7 @@ def apply() -> None:
     fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()
     data_parallel_copies_between_neuron_devices()
+    subgroups_default_to_the_neuron_devices()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     jagged_attention_on_neuron_takes_flash_attention()

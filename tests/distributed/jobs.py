@@ -321,6 +321,14 @@ def _train(variant: str, steps: int = 20):
             return default_hooks._compress_hook(dtype, state, bucket)
 
         ddp.register_comm_hook(None, compress)
+    if variant == "post_local_sgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local_sgd
+
+        # from step 5 each machine's ranks average among themselves: the default subgroup (made at the hook's
+        # first call) is this machine's devices, which here are every rank, so the training stays the single
+        # process's
+        local_sgd_state = local_sgd.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=5)
+        ddp.register_comm_hook(local_sgd_state, local_sgd.post_localSGD_hook)
     if variant == "zero":  # the optimizer's state sharded over the ranks, parameters broadcast after each step
         optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
     else:
@@ -341,6 +349,8 @@ def _train(variant: str, steps: int = 20):
                 optimizer.step()
             (0.5 * F.mse_loss(reference(x[:4]), y[:4])).backward()
             reference_optimizer.step()
+    if variant == "post_local_sgd":
+        assert local_sgd_state.subgroup.size() == torch.neuron.device_count() == WORLD
     params = [p.detach().cpu() for p in model.parameters()]
     return losses, reference_losses, params, list(reference.parameters())
 

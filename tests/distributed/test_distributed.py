@@ -20,10 +20,10 @@ def test_collectives_views_async_groups_functional_and_reinit():
 def test_ddp_matches_single_process_training():
     """20 steps of DDP on 2 ranks (several buckets; no_sync; fp16 and bf16 compression hooks;
     find_unused_parameters; static_graph; torch.compile of the DDP module, split at its buckets by Dynamo's
-    DDP optimizer; ZeroRedundancyOptimizer; Join with uneven inputs) give the losses and parameters of one
-    process training on the full batch; so does a model whose batch norm is a SyncBatchNorm. Both ranks share
-    a node, so rank 1 trains on neuron:1."""
-    variants = "default,no_sync,fp16,bf16,find_unused,static_graph,compiled,zero,join,sync_batch_norm"
+    DDP optimizer; ZeroRedundancyOptimizer; Join with uneven inputs; the post-localSGD hook with its default
+    subgroup) give the losses and parameters of one process training on the full batch; so does a model whose
+    batch norm is a SyncBatchNorm. Both ranks share a node, so rank 1 trains on neuron:1."""
+    variants = "default,no_sync,fp16,bf16,find_unused,static_graph,compiled,zero,join,post_local_sgd,sync_batch_norm"
     launch.check(launch.run("ddp", variants, timeout=240))
 
 
