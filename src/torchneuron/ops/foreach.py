@@ -3,8 +3,13 @@
 Optimizers and clip_grad_norm_ call these for whole parameter lists; mapping the
 per-tensor lowering keeps their numerics identical to the per-tensor path.
 """
+import jax
+import jax.numpy as jnp
 import torch
 
+from ..runtime.dtypes import to_jax
+from . import checks
+from .promotion import opmath
 from .registry import STATIC_SCALAR_OPS, lower
 from .rules import MissingLowering, lowering_for
 
@@ -13,7 +18,7 @@ aten = torch.ops.aten
 # the per-tensor overloads tried, in order, for each foreach overload
 _PER_TENSOR = {
     "default": ("default",),
-    "List": ("Tensor", "default"),
+    "List": ("Tensor", "default", "Tensor_Tensor"),
     "Scalar": ("Scalar", "default", "Tensor"),
     "ScalarList": ("Scalar", "default", "Tensor"),
     "Tensor": ("Tensor", "default"),
@@ -41,22 +46,90 @@ def _mapped(foreach_op, per_tensor_op):
     per_element = [_is_per_element(a) for a in foreach_op._schema.arguments]
     schema = per_tensor_op._schema.arguments
     positional = sum(not a.kwarg_only for a in schema)
-    # a foreach op passes positionally what the per-tensor op may take by keyword (addcmul's `value`)
     keyword_names = [a.name for a in schema if a.kwarg_only]
+    # what the per-tensor op takes by keyword goes by name where the foreach op has the name (norm's `dtype`,
+    # after arguments norm's foreach has not); the rest by position, a foreach op's extra positional
+    # arguments filling the other keywords in order (addcmul's `value` from `scalars`)
+    by_name = [a.name if a.name in keyword_names else None for a in foreach_op._schema.arguments]
+    unnamed_keywords = [name for name in keyword_names if name not in by_name]
 
     def lowering(*args, **kwargs):
         fn = lowering_for(per_tensor_op)
         if fn is None:
             raise MissingLowering(per_tensor_op)
         length = len(next(a for a, listed in zip(args, per_element) if listed and isinstance(a, (list, tuple))))
+        traced = {}
         results = []
         for i in range(length):
             element = [a[i] if listed else a for a, listed in zip(args, per_element)]
-            named = dict(zip(keyword_names, element[positional:]), **kwargs)
-            results.append(fn(*element[:positional], **named))
+            ordered = [value for value, name in zip(element, by_name) if name is None]
+            named = {name: value for value, name in zip(element, by_name) if name is not None}
+            named.update(zip(unnamed_keywords, ordered[positional:]), **kwargs)
+            results.append(_once_per_signature(traced, fn, ordered[:positional], named))
         return results
 
     return lowering
+
+
+# the arguments other than arrays a signature can name
+_PLAIN = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _once_per_signature(traced: dict, fn, args, kwargs):
+    """fn(*args, **kwargs) as a call of a function traced once per signature (its arrays' shapes and dtypes and
+    its other arguments, with their types) among a list's tensors: an optimizer's lists repeat a few shapes,
+    and each per-tensor trace would cost as much as the first. Checks the trace makes are its outputs, made
+    again outside."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    arrays = [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+    others = [leaf for leaf in leaves if not isinstance(leaf, jax.Array)]
+    if not all(isinstance(leaf, _PLAIN) for leaf in others):
+        return fn(*args, **kwargs)
+    # by type and repr: 1, 1.0 and True are equal keys, and so are 0.0 and -0.0
+    signature = (tree, tuple((type(leaf), repr(leaf)) for leaf in others),
+                 tuple((a.shape, a.dtype, a.weak_type) for a in arrays))
+    if signature not in traced:
+        traced[signature] = _traced(fn, [_ARRAY if isinstance(leaf, jax.Array) else leaf for leaf in leaves], tree)
+    call, found = traced[signature]
+    result, conditions = call(*arrays)
+    checks.report((condition, error, message) for condition, (error, message) in zip(conditions, found))
+    return result
+
+
+_ARRAY = object()  # where an array goes among a call's leaves
+
+
+def _traced(fn, template, tree):
+    found = []  # (error type, message) of each check, filled when `call` is traced
+
+    def body(*arrays):
+        refill = iter(arrays)
+        args, kwargs = jax.tree_util.tree_unflatten(tree, [next(refill) if leaf is _ARRAY else leaf
+                                                           for leaf in template])
+        if not checks.collected():
+            return fn(*args, **kwargs), ()
+        with checks.collecting() as conditions:
+            result = fn(*args, **kwargs)
+        found.extend((error, message) for _, error, message in conditions)
+        return result, tuple(condition for condition, _, _ in conditions)
+
+    body.__name__ = body.__qualname__ = getattr(fn, "__name__", "per_tensor")  # its name in the program's text
+    return jax.jit(body), found
+
+
+@lower(aten._foreach_powsum.Scalar, static_scalars=True)
+def foreach_powsum(tensors, ord=2, dtype=None):
+    """sum(|x|^ord) of each tensor: the norm before its root, which DTensor adds over a sharded gradient's
+    shards."""
+    traced = {}
+    return [_once_per_signature(traced, _powsum, (x, ord, dtype), {}) for x in tensors]
+
+
+def _powsum(x, ord, dtype):
+    v = jnp.abs(x.astype(to_jax(dtype)) if dtype is not None else x)
+    # half precision sums its powers in float32, as the CPU's norms do
+    wide = opmath(v)
+    return jnp.sum(wide * wide if ord == 2 else wide**ord).astype(v.dtype)
 
 
 def _register_all():
