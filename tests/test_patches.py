@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from torchneuron import NeuronTensor
@@ -180,3 +181,31 @@ def test_modules_whose_parameters_a_live_graph_holds_still_move():
     model = torch.nn.Linear(3, 3).to("neuron")
     pending_loss = model(torch.randn(2, 3, device="neuron")).sum()
     assert model.cpu().weight.device.type == "cpu" and pending_loss.requires_grad
+
+
+def test_parameter_data_moves_between_the_cpu_and_neuron_in_place():
+    """`param.data = tensor` across the CPU and neuron (FSDP1 moves its parameters so) keeps the object, its
+    Parameter class, requires_grad and attributes, as between the CPU and CUDA."""
+    from torch.utils._mode_utils import no_dispatch
+
+    linear = torch.nn.Linear(3, 2)
+    weight = linear.weight
+    weight.marked = True
+    for parameter in linear.parameters():
+        parameter.data = parameter.data.to("neuron")
+    assert linear.weight is weight and weight.device.type == "neuron" and weight.marked
+    assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+    linear(torch.ones(1, 3, device="neuron")).sum().backward()
+    torch.testing.assert_close(weight.grad.cpu(), torch.ones(2, 3))
+    weight.data = torch.zeros(2, 3)
+    assert weight.device.type == "cpu" and isinstance(weight, torch.nn.Parameter) and weight.marked
+    on_neuron = torch.ones(4, device="neuron")
+    on_neuron.data = torch.zeros(4, device="neuron")  # same device: PyTorch's own set_data
+    assert on_neuron.cpu().tolist() == [0.0] * 4
+    viewed = torch.ones(4, device="neuron")
+    view = viewed[:2]
+    with pytest.raises(NotImplementedError, match="held by others"):
+        viewed.data = torch.zeros(4)
+    assert view.device.type == "neuron"
+    with no_dispatch():  # FSDP records its streams with Python dispatch off
+        on_neuron.record_stream(torch.neuron.current_stream())

@@ -22,7 +22,7 @@ import torch
 from .runtime import events
 from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
-from .runtime.tensor import NeuronTensor
+from .runtime.tensor import NeuronTensor, swap_in_data
 
 _APPLIED = []
 # (owner, name) of each PyTorch function a runtime patch wraps that compiled code calls: Dynamo must trace the
@@ -210,6 +210,23 @@ def _swapping(method, targets_neuron):
     return convert
 
 
+@_patch
+def parameter_data_assignment_crosses_to_and_from_neuron() -> None:
+    """`param.data = tensor` keeps the Parameter object and gives it the tensor's data. PyTorch allows it only
+    between TensorImpls of compatible types (the CPU's and CUDA's are), and a CPU tensor's and a neuron
+    tensor's (a wrapper subclass) are not: FullyShardedDataParallel moves its parameters to their device so.
+    A CPU parameter given neuron data takes it as a neuron tensor does the other way (NeuronTensor.data)."""
+    data = torch._C.TensorBase.data
+
+    def set_data(parameter, new):
+        if isinstance(new, NeuronTensor):
+            swap_in_data(parameter, new)
+        else:
+            data.__set__(parameter, new)
+
+    torch.nn.Parameter.data = property(data.__get__, set_data, doc=data.__doc__)
+
+
 def _refuse_uninitialized(module) -> None:
     """A lazy module's parameters cannot move to neuron before their first forward: an uninitialized
     parameter is a subclass of the tensor it moves, and a neuron tensor cannot be re-classed so (moved, it
@@ -312,6 +329,30 @@ def subgroups_default_to_the_neuron_devices() -> None:
         return new_subgroups(group_size, *args, **kwargs)
 
     c10d.new_subgroups = torch.distributed.new_subgroups = new_subgroups_of_neuron_devices
+
+
+@_patch
+def process_groups_report_the_neuron_device() -> None:
+    """A process group names its device through the C++ backends registered on it, and the neuron process
+    group is a Python ProcessGroup, on which init_process_group registers none: c10d's _get_pg_default_device,
+    which FSDP's optimizer state dict and distributed checkpoint helpers ask, raised "Default device not
+    found". For a group of the neuron backend it is the neuron device, as NCCL's is CUDA."""
+    if not torch.distributed.is_available():
+        return
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    default_device = c10d._get_pg_default_device
+
+    @functools.wraps(default_device)
+    def neuron_or_default_device(group=None):
+        chosen = group or c10d._get_default_group()
+        if isinstance(chosen, c10d.ProcessGroup) and not chosen._device_types and chosen.name() == "neuron":
+            return torch.device("neuron")
+        return default_device(group)
+
+    c10d._get_pg_default_device = neuron_or_default_device
+    # FSDP's optimizer state dict took the function by name
+    _when_imported("torch.distributed.fsdp._optim_utils",
+                   lambda module: setattr(module, "_get_pg_default_device", neuron_or_default_device))
 
 
 def _for_neuron_tensors(cuda_function, ours):
@@ -911,11 +952,13 @@ def apply() -> None:
     foreach_tensor_type()
     backward_runs_on_the_calling_thread()
     tied_parameters_on_conversion()
+    parameter_data_assignment_crosses_to_and_from_neuron()
     transformer_encoder_masks_padding_instead_of_nesting()
     fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()
     data_parallel_copies_between_neuron_devices()
     subgroups_default_to_the_neuron_devices()
+    process_groups_report_the_neuron_device()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     jagged_attention_on_neuron_takes_flash_attention()

@@ -125,6 +125,46 @@ def fsdp_training(variant, steps=4):
         same(loss, reference_loss.detach(), f"fsdp2 {variant} loss at step {step}", **tolerance)
 
 
+def fsdp1_training(variant, steps=4):
+    """FullyShardedDataParallel (FSDP1, as Accelerate and Lightning use it) given a CPU model and its device:
+    it moves the parameters (`param.data = ...`), flattens and shards them, and trains as one CPU process on the
+    whole batch; the full model and optimizer state dicts (distributed checkpoint's get_state_dict) hold the
+    single process's values."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    reference = transformer_like()
+    reference_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    options = {"use_orig_params": variant == "orig_params",
+               "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP if variant == "grad_op" else ShardingStrategy.FULL_SHARD}
+    if variant == "bf16":
+        options["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = FullyShardedDataParallel(transformer_like(), device_id=DEVICE, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                                     **options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tolerance = dict(rtol=3e-2, atol=3e-2) if variant == "bf16" else dict(rtol=1e-4, atol=1e-5)
+    for step in range(steps):
+        x, y = batch(step)
+        reference_loss = F.mse_loss(reference(x), y)
+        reference_opt.zero_grad()
+        reference_loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        reference_opt.step()
+        opt.zero_grad()
+        loss = F.mse_loss(model(mine(x)), mine(y))
+        loss.backward()
+        model.clip_grad_norm_(0.5)
+        opt.step()
+        loss = loss.detach().float()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        same(loss, reference_loss.detach(), f"fsdp1 {variant} loss at step {step}", **tolerance)
+    model_state, optimizer_state = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    for (name, value), expected in zip(model_state.items(), reference.state_dict().values()):
+        same(value, expected, f"fsdp1 {variant} state dict {name}", **tolerance)
+    assert len(optimizer_state["state"]) == len(list(reference.parameters()))
+
+
 def fsdp_frees_unsharded_parameters():
     width = 128
     torch.manual_seed(0)
@@ -156,6 +196,14 @@ def job_fsdp():
         print(f"passed fsdp2 {variant}", flush=True)
     fsdp_frees_unsharded_parameters()
     print("passed fsdp2 memory", flush=True)
+    dist.destroy_process_group()
+
+
+def job_fsdp1():
+    init()
+    for variant in ("full_shard", "orig_params", "grad_op", "bf16"):
+        fsdp1_training(variant)
+        print(f"passed fsdp1 {variant}", flush=True)
     dist.destroy_process_group()
 
 

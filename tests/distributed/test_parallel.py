@@ -14,6 +14,12 @@ def test_fsdp2_variants_match_single_process_training_and_free_unsharded_memory(
     launch.check(launch.run("fsdp", timeout=240, jobs=JOBS))
 
 
+def test_fsdp1_variants_match_single_process_training():
+    """FullyShardedDataParallel (FSDP1) from a CPU model: full and gradient-and-optimizer sharding, original
+    parameters, bf16 mixed precision, its gradient clipping and full state dicts."""
+    launch.check(launch.run("fsdp1", timeout=240, jobs=JOBS))
+
+
 def test_dtensor_tensor_sequence_and_loss_parallel():
     """DTensor redistribution and ops, the RNG tracker, Colwise/Rowwise (eager and compiled), sequence
     parallel, loss parallel, and FSDP2 + TP on a 2-D mesh."""

@@ -43,7 +43,9 @@ def _efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memor
 # ops PyTorch calls on the device's own kernel, below the Python key: factories with neither a tensor argument
 # nor a device-generic kernel, and reading a 0-d tensor's value, which torch.tensor([t0, t1]) and
 # torch.as_tensor of a list of 0-d tensors do for each element
-_DEVICE_KERNELS = ("tril_indices", "triu_indices", "_local_scalar_dense")
+_DEVICE_KERNELS = ("tril_indices", "triu_indices", "_local_scalar_dense",
+                   # called with Python dispatch off (FSDP's _no_dispatch_record_stream)
+                   "record_stream")
 # composite ops whose decomposition skips, for devices other than the CPU, checks the CPU makes
 _UNCHECKED_COMPOSITES = ("one_hot", "max_pool1d")
 

@@ -42,6 +42,9 @@ class NeuronTensor(torch.Tensor):
 
     @data.setter
     def data(self, new):
+        if isinstance(new, torch.Tensor) and not isinstance(new, NeuronTensor):
+            swap_in_data(self, new)
+            return
         # `t.data = new` (Module.half/float/to(dtype) on neuron parameters, weight initialisation, EMA) makes the
         # native tensor `new`'s view in C++ without a dispatch; the view kept here follows, or the tensor would
         # report the new shape and dtype and compute with its old values
@@ -106,6 +109,30 @@ class NeuronTensor(torch.Tensor):
 
 
 _TENSOR_DATA = torch._C.TensorBase.data
+
+
+def swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
+    """`tensor.data = new` between a neuron tensor and another device's, whose TensorImpls PyTorch's set_data
+    refuses to mix: the object takes `new`'s data by swap_tensors (its class with it), keeping what it was
+    (a Parameter, requires_grad) and its attributes (FSDP's marks on its flat parameters); its gradient,
+    of the old device, is dropped."""
+    replacement = new.detach()
+    if isinstance(tensor, torch.nn.Parameter):
+        replacement = torch.nn.Parameter(replacement, tensor.requires_grad)
+    else:
+        replacement.requires_grad_(tensor.requires_grad)
+    attributes = dict(tensor.__dict__)
+    try:
+        torch.utils.swap_tensors(tensor, replacement)
+    except RuntimeError as error:
+        raise NotImplementedError(
+            f"torchneuron: `tensor.data = new` from {new.device} to a {tensor.device} tensor (or back) swaps the "
+            "tensor object's data, as PyTorch's set_data cannot mix a neuron tensor with another device's, and this "
+            f"tensor is held by others (its views, an autograd graph): {error}. Move a copy instead (FSDP's "
+            "FullStateDictConfig(offload_to_cpu=True) does this: take the state dict without offloading and call "
+            ".cpu() on its tensors). Please report it at the project's issue tracker if you need this.") from error
+    for name, value in attributes.items():
+        tensor.__dict__.setdefault(name, value)
 
 
 def _fake_mode_taking_real_tensors(types, args, kwargs):
