@@ -9,6 +9,7 @@ loads): a NeuronTensor is a wrapper subclass only so that its ops reach our
 tensor on the `neuron` device, which PyTorch decides by exact type in a few
 places. `applied()` reports every patch and a test checks they are in force.
 """
+import contextlib
 import functools
 import importlib
 import importlib.abc
@@ -353,6 +354,42 @@ def process_groups_report_the_neuron_device() -> None:
     # FSDP's optimizer state dict took the function by name
     _when_imported("torch.distributed.fsdp._optim_utils",
                    lambda module: setattr(module, "_get_pg_default_device", neuron_or_default_device))
+
+
+@_patch
+def fsdp1_offloads_neuron_parameters_by_copy() -> None:
+    """FSDP1's offloaded state dicts and summon_full_params(offload_to_cpu=True) move the unsharded flat
+    parameter to the CPU with `flat_param.data = ...` while the module's views of it are alive, which a neuron
+    tensor cannot do (patches above swap the object's data, and views hold it). For a neuron flat parameter the
+    module's views are made of a CPU copy instead, and what they wrote is copied back at the end, as FSDP's own
+    move back does."""
+
+    def patch(flat_param_module):
+        handle_class = flat_param_module.FlatParamHandle
+        to_cpu = handle_class.to_cpu
+
+        @contextlib.contextmanager
+        def to_cpu_by_copy(self):
+            if self.flat_param.device.type != "neuron":
+                with to_cpu(self):
+                    yield
+                return
+            on_host = self.flat_param.detach().cpu()
+            views_of = self._get_unflat_views
+            self._get_unflat_views = lambda tensor=None: views_of(on_host if tensor is None else tensor)
+            self._use_unsharded_views(as_params=self._use_orig_params)
+            try:
+                yield
+            finally:
+                self._get_unflat_views = views_of
+                with torch.no_grad():
+                    self.flat_param.copy_(on_host)
+                self._use_unsharded_views(as_params=self._use_orig_params)
+
+        handle_class.to_cpu = to_cpu_by_copy
+
+    if torch.distributed.is_available():
+        _when_imported("torch.distributed.fsdp._flat_param", patch)
 
 
 def _for_neuron_tensors(cuda_function, ours):
@@ -959,6 +996,7 @@ def apply() -> None:
     data_parallel_copies_between_neuron_devices()
     subgroups_default_to_the_neuron_devices()
     process_groups_report_the_neuron_device()
+    fsdp1_offloads_neuron_parameters_by_copy()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()
     jagged_attention_on_neuron_takes_flash_attention()

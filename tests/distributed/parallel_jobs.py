@@ -128,8 +128,8 @@ def fsdp_training(variant, steps=4):
 def fsdp1_training(variant, steps=4):
     """FullyShardedDataParallel (FSDP1, as Accelerate and Lightning use it) given a CPU model and its device:
     it moves the parameters (`param.data = ...`), flattens and shards them, and trains as one CPU process on the
-    whole batch; the full model and optimizer state dicts (distributed checkpoint's get_state_dict) hold the
-    single process's values."""
+    whole batch; full parameters summoned to the CPU write back, and the offloaded full model and optimizer
+    state dicts (distributed checkpoint's get_state_dict) hold the single process's values."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -159,10 +159,22 @@ def fsdp1_training(variant, steps=4):
         loss = loss.detach().float()
         dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         same(loss, reference_loss.detach(), f"fsdp1 {variant} loss at step {step}", **tolerance)
-    model_state, optimizer_state = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-    for (name, value), expected in zip(model_state.items(), reference.state_dict().values()):
-        same(value, expected, f"fsdp1 {variant} state dict {name}", **tolerance)
-    assert len(optimizer_state["state"]) == len(list(reference.parameters()))
+    # the full parameters on the CPU, and what is written to them goes back to the shards
+    with FullyShardedDataParallel.summon_full_params(model, offload_to_cpu=True, writeback=True):
+        for parameter in model.parameters():
+            assert parameter.device.type == "cpu", parameter.device
+            with torch.no_grad():
+                parameter.add_(1.0)
+    # offloaded to rank 0's host memory, as Accelerate saves FSDP1 models
+    model_state, optimizer_state = get_state_dict(
+        model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if RANK == 0:
+        assert len(model_state) == len(reference.state_dict()) and len(optimizer_state["state"]) == len(model_state)
+        for (name, value), expected in zip(model_state.items(), reference.state_dict().values()):
+            assert value.device.type == "cpu", (name, value.device)
+            same(value, expected + 1, f"fsdp1 {variant} state dict {name}", **tolerance)
+    else:
+        assert not model_state
 
 
 def fsdp_frees_unsharded_parameters():

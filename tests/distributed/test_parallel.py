@@ -16,7 +16,8 @@ def test_fsdp2_variants_match_single_process_training_and_free_unsharded_memory(
 
 def test_fsdp1_variants_match_single_process_training():
     """FullyShardedDataParallel (FSDP1) from a CPU model: full and gradient-and-optimizer sharding, original
-    parameters, bf16 mixed precision, its gradient clipping and full state dicts."""
+    parameters, bf16 mixed precision, its gradient clipping, full parameters summoned to the CPU and offloaded
+    full state dicts."""
     launch.check(launch.run("fsdp1", timeout=240, jobs=JOBS))
 
 

@@ -128,9 +128,8 @@ def swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
         raise NotImplementedError(
             f"torchneuron: `tensor.data = new` from {new.device} to a {tensor.device} tensor (or back) swaps the "
             "tensor object's data, as PyTorch's set_data cannot mix a neuron tensor with another device's, and this "
-            f"tensor is held by others (its views, an autograd graph): {error}. Move a copy instead (FSDP's "
-            "FullStateDictConfig(offload_to_cpu=True) does this: take the state dict without offloading and call "
-            ".cpu() on its tensors). Please report it at the project's issue tracker if you need this.") from error
+            f"tensor is held by others (its views, an autograd graph): {error}. Move a copy instead "
+            "(`tensor.to(...)`). Please report it at the project's issue tracker if you need this.") from error
     for name, value in attributes.items():
         tensor.__dict__.setdefault(name, value)
 
