@@ -1,5 +1,6 @@
 """`_foreach_*` ops (ops/foreach.py): PyTorch's foreach OpInfo samples on neuron against the CPU, with the CPU
-fallback an error, and the per-tensor lowering traced once per signature of a list's tensors."""
+fallback an error (every op in the slow sweep, those optimizers call in the default run), and the per-tensor
+lowering traced once per signature of a list's tensors."""
 import jax.numpy as jnp
 import pytest
 import torch
@@ -12,6 +13,8 @@ from torchneuron.ops import checks, foreach
 FOREACH_OPS = [op for name in dir(opinfo) if name.startswith("foreach_") and name.endswith("_op_db")
                for op in getattr(opinfo, name)]
 SAMPLES_PER_DTYPE = 2
+OPTIMIZER_OPS = {"_foreach_add", "_foreach_mul", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp",
+                 "_foreach_sqrt", "_foreach_maximum", "_foreach_norm", "_foreach_div", "_foreach_sign"}
 
 
 def _to(value, device):
@@ -31,14 +34,12 @@ def _outcome(fn):
         return None, type(error)
 
 
-@pytest.mark.slow  # a program compiled per sample: 2 minutes on 2 cores
-@pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
-def test_foreach_samples_match_the_cpu(op):
+def _check_samples(op, dtypes, samples_per_dtype):
     checked = 0
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+    for dtype in dtypes:
         if dtype not in op.supported_dtypes("cpu"):
             continue
-        for sample in list(op.sample_inputs("cpu", dtype))[:SAMPLES_PER_DTYPE]:
+        for sample in list(op.sample_inputs("cpu", dtype))[:samples_per_dtype]:
             args = (sample.input, *sample.args)
             expected, expected_error = _outcome(lambda: op.op(*args, **sample.kwargs))
             with fallback.as_error():
@@ -49,6 +50,18 @@ def test_foreach_samples_match_the_cpu(op):
                 assert_close(got, expected)  # the OpInfo sweep's tolerances
             checked += 1
     assert checked
+
+
+@pytest.mark.slow  # a program compiled per sample: 2 minutes on 2 cores
+@pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
+def test_foreach_samples_match_the_cpu(op):
+    _check_samples(op, (torch.float32, torch.bfloat16, torch.int64), SAMPLES_PER_DTYPE)
+
+
+# what optimizers and gradient clipping call, one sample each in the default run
+@pytest.mark.parametrize("op", [op for op in FOREACH_OPS if op.name in OPTIMIZER_OPS], ids=lambda op: op.name)
+def test_optimizer_foreach_ops_match_the_cpu(op):
+    _check_samples(op, (torch.float32,), 1)
 
 
 def test_foreach_norm_takes_its_dtype_and_powsum_and_pow_of_lists_are_lowered():
