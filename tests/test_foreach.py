@@ -64,25 +64,22 @@ def test_optimizer_foreach_ops_match_the_cpu(op):
     _check_samples(op, (torch.float32,), 1)
 
 
-def test_foreach_norm_takes_its_dtype_and_powsum_and_pow_of_lists_are_lowered():
+def _lowered_like_the_cpu(call):
     tensors = [torch.randn(5, 3), torch.randn(7)]
     exponents = [torch.rand(5, 3) + 0.5, torch.rand(7) + 0.5]
-    on_neuron = _to(tensors, "neuron")
     with fallback.as_error():
-        results = {
-            "norm": torch._foreach_norm(on_neuron, 3, torch.float64),  # dtype given positionally
-            "powsum": torch._foreach_powsum(on_neuron, 3),
-            "powsum float64": torch._foreach_powsum(on_neuron, 2, dtype=torch.float64),
-            "pow": torch._foreach_pow(on_neuron, _to(exponents, "neuron")),
-        }
-    expected = {
-        "norm": torch._foreach_norm(tensors, 3, torch.float64),
-        "powsum": torch._foreach_powsum(tensors, 3),
-        "powsum float64": torch._foreach_powsum(tensors, 2, dtype=torch.float64),
-        "pow": torch._foreach_pow(tensors, exponents),
-    }
-    for name in results:
-        torch.testing.assert_close(_to(results[name], "cpu"), list(expected[name]), equal_nan=True, msg=name)
+        got = call(_to(tensors, "neuron"), _to(exponents, "neuron"))
+    torch.testing.assert_close(_to(got, "cpu"), list(call(tensors, exponents)), equal_nan=True)
+
+
+def test_foreach_norm_takes_its_dtype_and_pow_of_two_lists_is_lowered():
+    _lowered_like_the_cpu(lambda tensors, _: torch._foreach_norm(tensors, 3, torch.float64))  # dtype positional
+    _lowered_like_the_cpu(lambda tensors, exponents: torch._foreach_pow(tensors, exponents))
+
+
+def test_foreach_powsum_is_lowered():
+    _lowered_like_the_cpu(lambda tensors, _: torch._foreach_powsum(tensors, 3))
+    _lowered_like_the_cpu(lambda tensors, _: torch._foreach_powsum(tensors, 2, dtype=torch.float64))
 
 
 def test_a_list_traces_its_per_tensor_lowering_once_per_signature_and_keeps_its_checks():

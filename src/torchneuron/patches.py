@@ -341,7 +341,9 @@ def process_groups_report_the_neuron_device() -> None:
     if not torch.distributed.is_available():
         return
     c10d = importlib.import_module("torch.distributed.distributed_c10d")
-    default_device = c10d._get_pg_default_device
+    default_device = getattr(c10d, "_get_pg_default_device", None)  # deprecated: it may go
+    if default_device is None:
+        return
 
     @functools.wraps(default_device)
     def neuron_or_default_device(group=None):

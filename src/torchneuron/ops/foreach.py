@@ -117,7 +117,6 @@ def _traced(fn, template, tree):
     return jax.jit(body), found
 
 
-@lower(aten._foreach_powsum.Scalar, static_scalars=True)
 def foreach_powsum(tensors, ord=2, dtype=None):
     """sum(|x|^ord) of each tensor: the norm before its root, which DTensor adds over a sharded gradient's
     shards."""
@@ -130,6 +129,10 @@ def _powsum(x, ord, dtype):
     # half precision sums its powers in float32, as the CPU's norms do
     wide = opmath(v)
     return jnp.sum(wide * wide if ord == 2 else wide**ord).astype(v.dtype)
+
+
+if hasattr(aten, "_foreach_powsum"):  # PyTorch #172685: not in every release this package supports
+    lower(aten._foreach_powsum.Scalar, static_scalars=True)(foreach_powsum)
 
 
 def _register_all():
