@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 import torch
 from torch.testing._internal import common_methods_invocations as opinfo
+from torch.utils._pytree import tree_map
 
 from torchneuron.conformance.harness import assert_close
 from torchneuron.eager import fallback
@@ -18,13 +19,7 @@ OPTIMIZER_OPS = {"_foreach_add", "_foreach_mul", "_foreach_addcmul", "_foreach_a
 
 
 def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 def _outcome(fn):

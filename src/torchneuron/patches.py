@@ -23,7 +23,7 @@ import torch
 from .runtime import events
 from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
-from .runtime.tensor import NeuronTensor, swap_in_data
+from .runtime.tensor import NeuronTensor, assign_data
 
 _APPLIED = []
 # (owner, name) of each PyTorch function a runtime patch wraps that compiled code calls: Dynamo must trace the
@@ -218,14 +218,7 @@ def parameter_data_assignment_crosses_to_and_from_neuron() -> None:
     tensor's (a wrapper subclass) are not: FullyShardedDataParallel moves its parameters to their device so.
     A CPU parameter given neuron data takes it as a neuron tensor does the other way (NeuronTensor.data)."""
     data = torch._C.TensorBase.data
-
-    def set_data(parameter, new):
-        if isinstance(new, NeuronTensor):
-            swap_in_data(parameter, new)
-        else:
-            data.__set__(parameter, new)
-
-    torch.nn.Parameter.data = property(data.__get__, set_data, doc=data.__doc__)
+    torch.nn.Parameter.data = property(data.__get__, assign_data, doc=data.__doc__)
 
 
 def _refuse_uninitialized(module) -> None:

@@ -81,15 +81,16 @@ def _once_per_signature(traced: dict, fn, args, kwargs):
     and each per-tensor trace would cost as much as the first. Checks the trace makes are its outputs, made
     again outside."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    arrays = [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
-    others = [leaf for leaf in leaves if not isinstance(leaf, jax.Array)]
+    template = [_ARRAY if isinstance(leaf, jax.Array) else leaf for leaf in leaves]
+    arrays = [leaf for leaf, kept in zip(leaves, template) if kept is _ARRAY]
+    others = [leaf for leaf in template if leaf is not _ARRAY]
     if not all(isinstance(leaf, _PLAIN) for leaf in others):
         return fn(*args, **kwargs)
     # by type and repr: 1, 1.0 and True are equal keys, and so are 0.0 and -0.0
     signature = (tree, tuple((type(leaf), repr(leaf)) for leaf in others),
                  tuple((a.shape, a.dtype, a.weak_type) for a in arrays))
     if signature not in traced:
-        traced[signature] = _traced(fn, [_ARRAY if isinstance(leaf, jax.Array) else leaf for leaf in leaves], tree)
+        traced[signature] = _traced(fn, template, tree)
     call, found = traced[signature]
     result, conditions = call(*arrays)
     checks.report((condition, error, message) for condition, (error, message) in zip(conditions, found))

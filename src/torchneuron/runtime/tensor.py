@@ -42,13 +42,10 @@ class NeuronTensor(torch.Tensor):
 
     @data.setter
     def data(self, new):
-        if isinstance(new, torch.Tensor) and not isinstance(new, NeuronTensor):
-            swap_in_data(self, new)
-            return
+        assign_data(self, new)
         # `t.data = new` (Module.half/float/to(dtype) on neuron parameters, weight initialisation, EMA) makes the
         # native tensor `new`'s view in C++ without a dispatch; the view kept here follows, or the tensor would
         # report the new shape and dtype and compute with its old values
-        _TENSOR_DATA.__set__(self, new)
         if isinstance(new, NeuronTensor):
             self._storage, self._spec = new._storage, new._spec
 
@@ -111,11 +108,18 @@ class NeuronTensor(torch.Tensor):
 _TENSOR_DATA = torch._C.TensorBase.data
 
 
-def swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
-    """`tensor.data = new` between a neuron tensor and another device's, whose TensorImpls PyTorch's set_data
-    refuses to mix: the object takes `new`'s data by swap_tensors (its class with it), keeping what it was
-    (a Parameter, requires_grad) and its attributes (FSDP's marks on its flat parameters); its gradient,
-    of the old device, is dropped."""
+def assign_data(tensor: torch.Tensor, new) -> None:
+    """`tensor.data = new`, for neuron tensors and (patches.py) parameters. Between a neuron tensor and another
+    device's, whose TensorImpls PyTorch's set_data refuses to mix, the object takes `new`'s data by
+    swap_tensors (its class with it), keeping what it was (a Parameter, requires_grad) and its attributes
+    (FSDP's marks on its flat parameters); its gradient, of the old device, is dropped."""
+    if isinstance(new, torch.Tensor) and isinstance(tensor, NeuronTensor) != isinstance(new, NeuronTensor):
+        _swap_in_data(tensor, new)
+    else:
+        _TENSOR_DATA.__set__(tensor, new)
+
+
+def _swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
     replacement = new.detach()
     if isinstance(tensor, torch.nn.Parameter):
         replacement = torch.nn.Parameter(replacement, tensor.requires_grad)
