@@ -3,12 +3,14 @@ import subprocess
 import sys
 import warnings
 
+import jax
 import pytest
 import torch
 
 import torchneuron
 from torchneuron.eager import fallback
 from torchneuron.ops import registry, rules
+from torchneuron.runtime.program import StorageProgram
 
 aten = torch.ops.aten
 
@@ -161,6 +163,56 @@ def test_cache_evicts_when_full():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     entries, evictions = map(int, out.stdout.split())
     assert entries == 4 and evictions > 0
+
+
+def _op_programs_on_disk(directory) -> list:
+    return list(directory.glob("ops/*/*.xla"))
+
+
+@pytest.fixture
+def own_disk_cache(tmp_path, monkeypatch):
+    """A disk cache of the test's own for our executables (JAX's stays the suite's), and an empty eager cache."""
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
+    torch.neuron.clear_executable_cache()
+    yield tmp_path
+    torch.neuron.clear_executable_cache()
+
+
+def test_eager_programs_found_on_disk_are_neither_traced_nor_lowered(own_disk_cache, monkeypatch):
+    """A process finds the op programs another stored (the executable cache dropped here stands for a new process):
+    they run as compiled, with their device-side checks."""
+    x = torch.randn(3, 11)
+    index = torch.tensor([1, 12])
+    expected = (x * 2.5).softmax(-1)
+    torch.testing.assert_close((x.to("neuron") * 2.5).softmax(-1).cpu(), expected)
+    with pytest.raises(IndexError):
+        x.to("neuron")[0][index.to("neuron")].cpu()
+    stored = _op_programs_on_disk(own_disk_cache)
+    assert len(stored) >= 3
+    torch.neuron.clear_executable_cache()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an op program was traced")
+
+    monkeypatch.setattr(StorageProgram, "jit", refuse)
+    torch.testing.assert_close((x.to("neuron") * 2.5).softmax(-1).cpu(), expected)
+    with pytest.raises(IndexError):
+        x.to("neuron")[0][index.to("neuron")].cpu()
+    assert _op_programs_on_disk(own_disk_cache) == stored
+
+
+def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored(own_disk_cache):
+    """Serialized again, an executable JAX loaded from its persistent cache lacks kernels (XLA:CPU: "Function
+    add_bitcast_fusion not found" in the process that loads it), so only executables compiled here are stored."""
+    x = torch.randn(5, 13)
+    expected = x.sqrt() + 1
+    torch.testing.assert_close((x.to("neuron").sqrt() + 1).cpu(), expected, equal_nan=True)
+    for stored in _op_programs_on_disk(own_disk_cache):
+        stored.unlink()
+    torch.neuron.clear_executable_cache()
+    jax.clear_caches()
+    torch.testing.assert_close((x.to("neuron").sqrt() + 1).cpu(), expected, equal_nan=True)
+    assert _op_programs_on_disk(own_disk_cache) == []
 
 
 def test_executables_are_released_near_the_memory_map_limit(monkeypatch):

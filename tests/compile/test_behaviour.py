@@ -1,6 +1,8 @@
 """Graph breaks, recompiles and dynamic shapes, randomness, input mutation, modes, ops without lowerings, CPU ops."""
+import jax
 import pytest
 import torch
+from jax.experimental import serialize_executable
 from torch._higher_order_ops.effects import has_effects
 
 import torchneuron.compile as neuron_compile
@@ -824,3 +826,41 @@ def test_graphs_with_constants_numpy_cannot_hold_are_cached(dtype):
 
     x = torch.randn(3, 2).to(dtype)
     torch.testing.assert_close(torch.compile(f, backend="neuron")(x.to("neuron")).cpu(), f(x))
+
+
+def _arange_and_softmax(x):
+    return torch.softmax(x * torch.arange(x.shape[-1], device=x.device), -1).cumsum(-1)
+
+
+def test_a_graph_found_on_disk_loads_its_executable_without_lowering_its_program(monkeypatch):
+    """A disk-cache hit loads the executable stored with the graph: the exported program is neither read nor
+    lowered again (half of a warm start's load), and the loaded executable computes what the compiled one did,
+    beside it in one process."""
+    x = torch.randn(3, 5)
+    compiled = torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron")).cpu()
+    torch._dynamo.reset()
+    neuron_compile.reset()
+
+    def refuse(*args):
+        raise AssertionError("the exported program was read")
+
+    monkeypatch.setattr(jax.export, "deserialize", refuse)
+    loaded = torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron")).cpu()
+    assert neuron_compile.report()["disk_cache_hits"] == 1 and neuron_compile.report()["xla_compiles"] == 0
+    torch.testing.assert_close(loaded, compiled, rtol=0, atol=0)
+    torch.testing.assert_close(loaded, _arange_and_softmax(x))
+
+
+def test_a_graph_whose_stored_executable_cannot_load_is_compiled_from_its_exported_program(monkeypatch):
+    x = torch.randn(3, 5)
+    torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron"))
+    torch._dynamo.reset()
+    neuron_compile.reset()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("built for another runtime")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", refuse)
+    loaded = torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron")).cpu()
+    assert neuron_compile.report()["disk_cache_hits"] == 1 and neuron_compile.report()["xla_compiles"] == 0
+    torch.testing.assert_close(loaded, _arange_and_softmax(x))

@@ -25,7 +25,8 @@ with torch.no_grad():
 from torchneuron.compile import report
 print(json.dumps({"report": report(), "loss": loss.item(), "out": out.cpu().tolist(),
                   "grad": model[0].weight.grad.sum().item(),
-                  "xla_cache_misses": events["/jax/compilation_cache/cache_misses"]}))
+                  "xla_cache_misses": events["/jax/compilation_cache/cache_misses"],
+                  "xla_compile_requests": events["/jax/compilation_cache/compile_requests_use_cache"]}))
 """
 
 
@@ -84,13 +85,71 @@ def test_second_process_loads_executables_from_disk_and_trims_the_cache_when_it_
     assert warm["report"]["xla_compiles"] == 0
     assert warm["report"]["disk_cache_hits"] == 3
     assert {k: warm[k] for k in ("loss", "out", "grad")} == {k: cold[k] for k in ("loss", "out", "grad")}
-    # eager op executables (the transfers, the loss, backward's accumulations) come from JAX's cache too
+    # eager op executables (the transfers, the loss, backward's accumulations) come from the disk too, as
+    # compiled: nothing is lowered, so nothing asks JAX's cache
     assert cold["xla_cache_misses"] > 0
-    assert warm["xla_cache_misses"] == 0
+    assert warm["xla_compile_requests"] == 0
     for kind in ("graphs", "xla"):
         versions = os.listdir(os.path.join(tmp_path, kind))
         assert len(versions) == 1 and "torch-" in versions[0] and "jaxlib-" in versions[0]
         assert _size(os.path.join(tmp_path, kind, versions[0])) <= bound
+
+
+ADAPTIVE_TRAINING = """
+import collections, json, jax, torch
+events = collections.Counter()
+jax.monitoring.register_event_listener(lambda name, **kwargs: events.update([name]))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                            torch.nn.Linear(16, 2)).to("neuron")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x = torch.randn(4, 8).to("neuron")
+losses = []
+for _ in range(4):
+    loss = model(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    losses.append(loss.item())
+print(json.dumps({"losses": losses, "weight": model[0].weight.cpu().tolist(),
+                  "ops_fused": torch.neuron.adaptive_eager_stats()["ops_fused"],
+                  "xla_compile_requests": events["/jax/compilation_cache/compile_requests_use_cache"]}))
+"""
+
+
+def test_adaptive_eager_programs_come_from_the_disk_in_a_second_process(tmp_path):
+    """A training loop's op programs and the fused programs adaptive eager makes of its steps are stored as
+    compiled: a second process runs the same loop, fused alike, without lowering or compiling any program."""
+    cold = json.loads(_run(ADAPTIVE_TRAINING, _caches(tmp_path)))
+    warm = json.loads(_run(ADAPTIVE_TRAINING, _caches(tmp_path)))
+    assert cold["ops_fused"] == warm["ops_fused"] > 0
+    assert cold["xla_compile_requests"] > 0 and warm["xla_compile_requests"] == 0
+    assert (warm["losses"], warm["weight"]) == (cold["losses"], cold["weight"])
+
+
+USER_LOWERING = """
+import json, sys, torch, torchneuron
+factor = float(sys.argv[1])
+@torch.library.custom_op("users::scaled", mutates_args=())
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * factor
+scaled.register_fake(lambda x: torch.empty_like(x))
+@torchneuron.library.lowering(torch.ops.users.scaled.default)
+def _(x):
+    return x * factor
+def f(x):
+    return torch.ops.users.scaled(x + 1)
+x = torch.ones(2, device="neuron")
+print(json.dumps([f(x).cpu().tolist(), torch.compile(f, backend="neuron")(x).cpu().tolist()]))
+"""
+
+
+def test_a_lowering_changed_between_runs_is_traced_again(tmp_path):
+    """The disk caches key a program by its op or graph and torchneuron's own source, which does not hold a user's
+    lowering (torchneuron.library, kernels): a graph calling one was loaded as the first run had lowered it."""
+    env = _caches(tmp_path)
+    assert json.loads(_run(USER_LOWERING, env, "2")) == [[4.0, 4.0], [4.0, 4.0]]
+    assert json.loads(_run(USER_LOWERING, env, "3")) == [[6.0, 6.0], [6.0, 6.0]]
 
 
 PRECOMPILED_STEP = """
@@ -159,8 +218,9 @@ def test_precompiled_whole_graphs_are_unpickled_only_to_trace_a_program(tmp_path
 
 
 # a process saving as an older torchneuron release would: other source, a CompiledGraph without a later attribute
-AS_AN_OLDER_RELEASE = """from torchneuron.compile import disk_cache, executable
-disk_cache.source_digest = lambda: "an older release"
+AS_AN_OLDER_RELEASE = """from torchneuron.compile import executable
+from torchneuron.runtime import compilation_cache
+compilation_cache.source_digest = lambda: "an older release"
 saved = executable.CompiledGraph.saved
 executable.CompiledGraph.saved = lambda self: {k: v for k, v in saved(self).items() if k != "out_layouts"}
 """

@@ -36,7 +36,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ops import collectives, control_flow, registry, rules
-from . import disk_cache
+from ..runtime import compilation_cache
 from .executable import CompiledGraph
 from .stats import counters, eager_ops, host_ops
 
@@ -204,7 +204,7 @@ class NeuronCode(OutputCode):
             self.serialized = GraphPickler.dumps(self.gm, Options(ops_filter=None))
         whole = isinstance(self.run, CompiledGraph) and self.run.portable
         self.saved_graph = self.run.saved() if whole else None
-        self.saved_by = disk_cache.source_digest()
+        self.saved_by = compilation_cache.source_digest()
         self.gm = self.run = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
@@ -214,7 +214,7 @@ class NeuronCode(OutputCode):
         # PyTorch's AOTAutograd cache and saved precompiled functions outlive a torchneuron upgrade, and their keys
         # do not name it: a CompiledGraph saved by other torchneuron code is compiled again from the ATen graph
         # (none saved before this check was written has `saved_by`)
-        if self.saved_graph is None or getattr(self, "saved_by", None) != disk_cache.source_digest():
+        if self.saved_graph is None or getattr(self, "saved_by", None) != compilation_cache.source_digest():
             self.run = compile_graph(load(), example_inputs)
         else:
             counters["graphs"] += 1

@@ -1,43 +1,34 @@
-"""Compiled graphs on disk, keyed by the FX graph itself, so a warm start does not trace them again.
+"""Compiled graphs on disk, keyed by the FX graph itself, so a warm start neither traces nor lowers them again.
 
-An entry is a graph's program, exported (`jax.export`: its StableHLO, serialized), with what tracing it
-told (which outputs are arrays, and the values fixed for its signature), keyed by the graph's code and
-constants, the input signature, the device, and the torchneuron source (a changed lowering is a new key).
-Its executable comes from JAX's persistent cache, which holds every executable (runtime/compilation_cache.py):
-serializing XLA:CPU executables ourselves proved fragile (an executable compiled in a process that had
-loaded others could lose kernels it shares with them).
+An entry is a graph's executable, serialized as compiled, with what tracing it told (which outputs are
+arrays, and the values fixed for its signature) and its program exported (`jax.export`: its StableHLO,
+serialized), keyed by the graph's code and constants, the input signature, the device, and the torchneuron
+source (runtime/compilation_cache.py). A warm start loads the executable as it is: JAX's persistent cache
+would first lower the program again for its key, half the load's time. The exported program stands in where
+the executable cannot be stored or loaded: it is compiled through JAX's cache.
 """
-import functools
 import hashlib
 import os
-import pathlib
-import pickle
-import tempfile
 
 import jax
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..ops import registry
 from ..runtime import compilation_cache, events
 from ..runtime.platform import jax_device, platform_name
 from .stats import counters
 
 
-@functools.cache
-def source_digest() -> str:
-    """The torchneuron source the graph's lowering came from."""
-    digest = hashlib.sha256()
-    package = pathlib.Path(__file__).resolve().parents[1]
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def graph_digest(gm: torch.fx.GraphModule) -> str:
-    """The graph's code and constants, hashed: its part of the key."""
+def graph_digest(gm: torch.fx.GraphModule):
+    """The graph's code and constants, hashed: its part of the key. None for a graph calling an op lowered by
+    code outside torchneuron (torchneuron.library, kernels): its program may change with code the key does not
+    hash, and a kernel's lowering with the choice around it (`nk.use_lowering`)."""
     digest = hashlib.sha256(gm.code.encode())
     with unset_fake_temporarily():
         for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in registry.CHECKED_OUTPUTS:
+                return None
             if node.op == "get_attr":
                 value = getattr(gm, node.target)
                 digest.update(_tensor_bytes(value) if isinstance(value, torch.Tensor) else repr(value).encode())
@@ -50,47 +41,28 @@ def _tensor_bytes(tensor) -> bytes:
     return repr((tensor.dtype, tuple(tensor.shape))).encode() + data
 
 
-def path_for(graph: str, signature, device: int):
-    """Where the entry of the graph whose `graph_digest` is `graph` lives for this input signature (None with the
-    cache off)."""
-    if not compilation_cache.enabled():
-        return None
-    digest = hashlib.sha256()
-    # the PJRT device, not the neuron index: processes sharing a runtime (torch.distributed) share the
-    # cache directory, and each one's executable is loaded onto the device it was compiled for
-    for part in (source_digest(), str(jax_device(device)), graph, repr(signature)):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return os.path.join(compilation_cache.directory("graphs", platform_name()), digest.hexdigest() + ".xla")
-
-
-def load_or_export(path, name: str, export):
-    """(exported, what tracing told): the graph's program as a `jax.export.Exported`, loaded from the entry
-    at `path`, else from `export() -> (exported, traced)` and stored there. (None, None) from `export()`
-    is a program that cannot be exported; it is not stored."""
+def load_or_compile(graph, signature, name: str, device: int, export, compile):
+    """(executable, what tracing told) of the graph whose `graph_digest` is `graph`, for this input signature on the
+    device: loaded from its entry, else `compile(exported)` of `export() -> (exported, traced)`, stored. An
+    `exported` of None is a program export cannot express, compiled from its trace and not stored."""
+    path = graph and compilation_cache.entry_path("graphs", platform_name(), jax_device(device), graph,
+                                                  repr(signature))
     hit = path is not None and os.path.exists(path)
     if events.listening:
-        return events.graph_compile(_load_or_export, (path, export, hit), name, hit)
-    return _load_or_export(path, export, hit)
+        return events.graph_compile(_load_or_compile, (path, device, export, compile), name, hit)
+    return _load_or_compile(path, device, export, compile)
 
 
-def _load_or_export(path, export, hit):
-    if hit:
-        with open(path, "rb") as f:
-            serialized, traced = pickle.load(f)
+def _load_or_compile(path, device, export, compile):
+    entry = compilation_cache.load(path, jax_device(device))
+    if entry is not None:
+        compiled, (exported, traced) = entry
         counters["disk_cache_hits"] += 1
-        return jax.export.deserialize(serialized), traced
+        return compiled or compile(jax.export.deserialize(exported)), traced
     counters["xla_compiles"] += 1
     exported, traced = export()
-    if path is not None and exported is not None:
-        _store(path, (exported.serialize(), traced))
-    return exported, traced
-
-
-def _store(path, entry) -> None:
-    """Write atomically: concurrent processes may compile the same graph."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(entry, f)
-    os.replace(tmp, path)
+    if exported is None:
+        return compile(None), traced
+    # the exported program stands in where the executable cannot be stored or loaded
+    return compilation_cache.compile_and_store(path, lambda: compile(exported), (exported.serialize(), traced),
+                                               without_executable=True), traced

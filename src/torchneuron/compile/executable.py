@@ -33,6 +33,8 @@ from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
 from .stats import counters
 
+_UNKNOWN = object()  # a graph's disk-cache digest before it is computed (None: a graph not cached)
+
 
 class CompiledGraph:
     """Callable on the graph's inputs; returns outputs in the graph's own output structure.
@@ -47,7 +49,7 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
-        self._digest = None
+        self._digest = _UNKNOWN
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated = _mutated_inputs(gm, placeholders)
         self.random = any(_is_op(n) and rules.rule(n.target).random for n in gm.graph.nodes)
@@ -91,9 +93,9 @@ class CompiledGraph:
             self.gm, self.load_graph = self.load_graph(), None
         return self.gm
 
-    def digest(self) -> str:
-        """The graph's part of its disk cache key (disk_cache.graph_digest)."""
-        if self._digest is None:
+    def digest(self):
+        """The graph's part of its disk cache key (disk_cache.graph_digest), None for a graph not cached."""
+        if self._digest is _UNKNOWN:
             self._digest = disk_cache.graph_digest(self.gm)
         return self._digest
 
@@ -517,13 +519,14 @@ class _Program:
             except Exception:  # a program export cannot express: compiled (and traced) below, not stored
                 return None, (array_outputs, constants, check_errors)
 
-        path = disk_cache.path_for(graph.digest(), signature, self.device_index)
-        exported, (array_outputs, self.constants, self.check_errors) = disk_cache.load_or_export(
-            path, graph.name, export)
+        def compile(exported):
+            # compiled now (through JAX's persistent cache), so that a failure surfaces here
+            program = self.program.jit(self.device_index, exported.call if exported is not None else None)
+            return program.trace(*avals).lower().compile()
+
+        self.compiled, (array_outputs, self.constants, self.check_errors) = disk_cache.load_or_compile(
+            graph.digest(), signature, graph.name, self.device_index, export, compile)
         self.output_specs = _output_specs(array_outputs)
-        # compiled now (through JAX's persistent cache), so that a failure surfaces here
-        program = self.program.jit(self.device_index, exported.call if exported is not None else None)
-        self.compiled = program.trace(*avals).lower().compile()
         self.views = _sized(views, self.constants)
 
     @property

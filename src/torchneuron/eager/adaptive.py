@@ -34,8 +34,9 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..runtime import events, pending_checks, rng, sync
+from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
+from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import compile_on_device, fast_call
 from ..runtime.storage import Pending, live_storages
 from ..runtime.transfer import scalar_key
@@ -214,17 +215,32 @@ def _fused_program(ops, n_values, external_values, kept, name=None):
 
 
 def _compile_and_run(key, ops, n_values, external_values, kept, device_index, *externals):
-    """A queue structure's second sighting: its fused program compiled, run, and cached."""
+    """A queue structure's second sighting: its fused program compiled (or loaded from disk), run, and cached."""
     fused, results = _compiled_at_first_run(_fused_program(ops, n_values, external_values, kept), device_index,
-                                            externals)
+                                            externals, _disk_path(ops, external_values, kept, externals, device_index))
     fused_cache.put(key, fused)
     return results
 
 
-def _compiled_at_first_run(program, device_index: int, externals):
-    """`program` compiled for `externals` and run on them: how to call it from now on, as eager executables
-    keep theirs (JAX's C++ call, which the first call sets), and the first run's results."""
-    compiled = compile_on_device(program, device_index, externals)
+def _disk_path(ops, external_values, kept, externals, device_index: int):
+    """Where the fused program of this queue is kept on disk (runtime/compilation_cache.py): named by its ops'
+    signatures (None if one has no name there, see executable._disk_key), how they connect, and its inputs' types."""
+    names = [getattr(executable, "disk_key", None) for executable, _, _ in ops]
+    if None in names:
+        return None
+    inputs = [type(x).__name__ if type(x) in _NUMBERS else (x.shape, str(x.dtype), x.weak_type) for x in externals]
+    structure = repr(([args for _, args, _ in ops], external_values, kept, inputs))
+    return compilation_cache.entry_path("fused", platform_name(), jax_device(device_index), structure, *names)
+
+
+def _compiled_at_first_run(program, device_index: int, externals, path=None):
+    """`program` compiled for `externals` (or loaded from `path`, where it is stored) and run on them: how to call
+    it from now on, as eager executables keep theirs (JAX's C++ call, which the first call sets), and the first
+    run's results."""
+    compiled, _ = compilation_cache.load(path, jax_device(device_index)) or (None, None)
+    if compiled is None:
+        compiled = compilation_cache.compile_and_store(
+            path, lambda: compile_on_device(program, device_index, externals))
     results = compiled(*externals)
     return fast_call(compiled), results
 

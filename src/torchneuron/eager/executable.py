@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from ..ops import checks, registry, rules, shape
-from ..runtime import events, layout, memory, pending_checks, rng, sync
+from ..runtime import compilation_cache, events, layout, memory, pending_checks, rng, sync
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import convert_to
+from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import StorageProgram, fast_call, float32_matmul_precision, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
@@ -76,8 +77,8 @@ class Compute:
                 anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
                 entry = anywhere and eager_cache.get(anywhere)
                 if entry is None:
-                    entry = Executable(self, targs, tkwargs, tensors, [v[1] for v in views], storages, scalars,
-                                       traced_offsets=anywhere is not None)
+                    entry = Executable(self, key, anywhere, targs, tkwargs, tensors, [v[1] for v in views],
+                                       storages, scalars)
                     key = anywhere if entry.traced_offsets else key
                     eager_cache.put(key, entry)
                     if events.listening:
@@ -160,7 +161,9 @@ class LoweringFailed(Exception):
 class Executable:
     """One compiled storage program for one op signature, with the plan for its outputs."""
 
-    def __init__(self, op: Compute, targs, tkwargs, tensors, pattern, storages, scalars, traced_offsets=False):
+    def __init__(self, op: Compute, key, anywhere, targs, tkwargs, tensors, pattern, storages, scalars):
+        """`key`: the signature's; `anywhere`: the same with the views' offsets as arguments, if the program should
+        take them (`_offsets_as_arguments`), else None."""
         _check_same_device(tensors)
         self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
         specs = [t._spec for t in tensors]
@@ -190,7 +193,7 @@ class Executable:
         self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]
                                   and not _keeps_its_view(op.func, meta_kwargs, meta_tensors[i], before[i])]
         # a resized tensor's new view is the meta kernel's for these offsets
-        self.traced_offsets = traced_offsets = traced_offsets and not resized
+        self.traced_offsets = traced_offsets = anywhere is not None and not resized
         _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
         self.new_specs = new_specs = [_meta_spec(meta_tensors[i]) for i in resized]
         written_in_place = [i for i in mutated if i not in resized]
@@ -231,6 +234,18 @@ class Executable:
         self.mutated_storages = self.program.written_storages
         # the common case, one new tensor and nothing resized: built directly
         self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
+        self.compiled = self._compile_and_run
+        self.ran = False  # adaptive eager queues it once it has run: its compile is known good
+        # the signature as text, which names this program on disk (and in adaptive eager's fused programs' keys)
+        self.disk_key = _disk_key(rule, anywhere if traced_offsets else key)
+        self._path = self.disk_key and compilation_cache.entry_path(
+            "ops", platform_name(), jax_device(self.device_index), self.disk_key)
+        stored = compilation_cache.load(self._path, jax_device(self.device_index))
+        self._loaded = stored and stored[0]
+        if self._loaded:
+            check_errors[:] = stored[1]
+            self.output_sizes = [math.prod(out.shape) for out in self._loaded.out_info]
+            return
         # the numbers as themselves, as a first run passes them (transfer.device_scalars): not a sighting
         extras = self._numbers(tensors, scalars) + ([_KEY] if self.random else [])
         try:
@@ -241,8 +256,6 @@ class Executable:
                 raise
             raise LoweringFailed(self.op, exc) from None
         self.output_sizes = [math.prod(r.shape) for r in self._traced.out_info]
-        self.compiled = self._compile_and_run
-        self.ran = False  # adaptive eager queues it once it has run: its compile is known good
 
     def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.queue
@@ -266,9 +279,14 @@ class Executable:
         return self._outputs(results, tensors, storages)
 
     def _compile_and_run(self, *flat):
-        """The first run compiles the program from its trace, which is then dropped (program.jit_on_device)."""
-        self.compiled = compiled = self._traced.lower().compile()
-        del self._traced
+        """The first run compiles the program from its trace, which is then dropped (program.jit_on_device), and
+        stores it on disk; or runs the executable loaded from there."""
+        compiled, self._loaded = self._loaded, None
+        if compiled is None:
+            compiled = compilation_cache.compile_and_store(self._path, self._traced.lower().compile,
+                                                           list(self.check_errors))
+            del self._traced
+        self.compiled = compiled
         results = compiled(*flat)
         self.compiled = fast_call(compiled)
         return results
@@ -396,3 +414,14 @@ def _materialize(value, spec):
     """A new storage buffer holding `value` laid out as the meta kernel's (shape, stride, offset) say."""
     shape, stride, offset, dtype = spec
     return layout.lay_out(jax.numpy.broadcast_to(convert_to(value, dtype), shape), shape, stride, offset)
+
+
+def _disk_key(rule, key):
+    """The signature `key` as the text that keys its program on disk (runtime/compilation_cache.py), or None: only
+    for ops torchneuron lowers (a library lowering is its author's code, which no key hashes) and keys whose text
+    names no object by its address."""
+    if rule.checked_outputs:
+        return None
+    text = repr(key)
+    return None if " at 0x" in text else text
+

@@ -1,21 +1,33 @@
 """Executables on disk, so that a second process loads what the first one compiled.
 
 `TORCHNEURON_CACHE_DIR` (default `$XDG_CACHE_HOME/torchneuron`, else `~/.cache/torchneuron`) holds
-two caches, one directory per jax, jaxlib and torch version and platform:
+four caches, one directory per jax, jaxlib and torch version and platform:
 - `xla/`: JAX's persistent compilation cache, which every executable goes through (eager op programs,
   adaptive eager's fused queues, compiled graphs), keyed by the program's HLO;
 - `graphs/`: torch.compile graphs keyed by the FX graph and input signature (compile/disk_cache.py),
-  which spares a warm start tracing them as well.
-`TORCHNEURON_COMPILE_CACHE=0` turns both off; `TORCHNEURON_CACHE_MAX_BYTES` bounds each (default
+- `ops/`: eager op programs keyed by the op's signature (eager/executable.py),
+- `fused/`: adaptive eager's fused programs keyed by their ops' signatures and how they connect (eager/adaptive.py),
+which hold the executable as compiled, with what tracing its program told: a warm start neither traces
+nor lowers them, as JAX's cache, keyed by the lowered program, must. Their keys are ours, so they hold
+only what torchneuron's own source lowers (part of every key), never a user's lowering.
+`TORCHNEURON_COMPILE_CACHE=0` turns them off; `TORCHNEURON_CACHE_MAX_BYTES` bounds each (default
 4 GiB): when a process exits, the entries least recently used go first.
 """
 import atexit
 import functools
+import hashlib
 import os
+import pathlib
+import pickle
+import tempfile
+import threading
 
 import jax
 import jaxlib
 import torch
+from jax.experimental import serialize_executable
+
+KINDS = ("xla", "graphs", "ops", "fused")
 
 
 def enabled() -> bool:
@@ -29,6 +41,10 @@ def root() -> str:
 
 def directory(kind: str, platform: str) -> str:
     versions = f"jax-{jax.__version__}_jaxlib-{jaxlib.__version__}_torch-{torch.__version__}_{platform}"
+    if kind == "xla":
+        # JAX's cache by torchneuron source as well: after an upgrade our keys all miss, and the programs would
+        # come from JAX's cache, which we cannot store again (`compile_and_store`), for as long as it kept them
+        versions += f"_torchneuron-{source_digest()[:16]}"
     return os.path.join(root(), kind, versions)
 
 
@@ -44,8 +60,9 @@ def configure_jax(platform: str) -> None:
     # JAX's own bound lists and reads every entry at each store: with a few thousand entries that is
     # 50 ms a compile, growing with the cache. Unbounded for JAX, trimmed once when the process exits.
     jax.config.update("jax_compilation_cache_max_size", -1)
+    jax.monitoring.register_event_listener(_count_jax_cache_hit)
     max_bytes = int(os.environ.get("TORCHNEURON_CACHE_MAX_BYTES", 4 << 30))
-    for kind in ("xla", "graphs"):
+    for kind in KINDS:
         atexit.register(trim, directory(kind, platform), max_bytes)
 
 
@@ -69,3 +86,86 @@ def trim(path: str, max_bytes: int) -> None:
         except FileNotFoundError:
             pass
         total -= size
+
+
+@functools.cache
+def source_digest() -> str:
+    """The torchneuron source, hashed: part of every key of ours (a changed lowering is a new key)."""
+    digest = hashlib.sha256()
+    package = pathlib.Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def entry_path(kind: str, platform: str, device, *key: str):
+    """Where the entry of `kind` keyed by `key` lives for the PJRT `device` (None with the caches off): the device,
+    not the neuron index, as processes sharing a runtime (torch.distributed) share the directory, and each
+    executable is loaded onto the device it was compiled for."""
+    if not enabled():
+        return None
+    digest = hashlib.sha256()
+    for part in (source_digest(), str(device), *key):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return os.path.join(directory(kind, platform), digest.hexdigest() + ".xla")
+
+
+def load(path, device):
+    """The entry stored at `path` (None if there is none, or `path` is None): (its executable loaded onto the PJRT
+    `device`, None where it cannot be, as on another runtime; what was stored with it)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            executable, stored_with = pickle.load(f)
+    except FileNotFoundError:
+        return None
+    if executable is not None:
+        try:
+            executable = serialize_executable.deserialize_and_load(*executable, execution_devices=[device])
+        except Exception:  # each runtime refuses in its own words; the caller compiles the program instead
+            executable = None
+    return executable, stored_with
+
+
+def compile_and_store(path, compile, stored_with=None, without_executable=False):
+    """`compile()`'s executable, stored at `path` (unless it is None) with `stored_with`; where the executable cannot
+    be stored, `stored_with` alone if `without_executable`. Only an executable compiled here is stored: one JAX
+    loaded from its own cache serializes again without some kernels (XLA:CPU, jaxlib 0.10.2: "Function
+    add_bitcast_fusion not found" when another process runs it), or refuses ("`LessThan` is not serializable")."""
+    hits = _jax_cache_hits.count
+    compiled = compile()
+    if path is None:
+        return compiled
+    executable = None
+    if _jax_cache_hits.count == hits:
+        try:
+            executable = serialize_executable.serialize(compiled)
+        except Exception:  # as above
+            pass
+    if executable is not None or without_executable:
+        _write(path, (executable, stored_with))
+    return compiled
+
+
+def _write(path, entry) -> None:
+    """Write atomically: concurrent processes may compile the same program."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(entry, f)
+    os.replace(tmp, path)
+
+
+class _JaxCacheHits(threading.local):
+    count = 0
+
+
+_jax_cache_hits = _JaxCacheHits()
+
+
+def _count_jax_cache_hit(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":  # in this thread: it loaded what it is compiling
+        _jax_cache_hits.count += 1
+
