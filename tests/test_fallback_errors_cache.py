@@ -287,3 +287,13 @@ def test_float_arguments_keep_their_value_sign_and_weak_type():
     for lr in (0.1, 0.2, 0.3):
         assert (x * lr).dtype == torch.float32
         torch.testing.assert_close((x * lr).cpu(), torch.full((3,), lr))
+
+
+def test_an_unreadable_entry_on_disk_is_compiled_again(own_disk_cache):
+    """A damaged file in the disk cache is a miss, not an error."""
+    x = torch.randn(4, 9)
+    torch.testing.assert_close((x.to("neuron") * 4.5).cpu(), x * 4.5)
+    (entry,) = _op_programs_on_disk(own_disk_cache)
+    entry.write_bytes(entry.read_bytes()[:100])
+    torch.neuron.clear_executable_cache()
+    torch.testing.assert_close((x.to("neuron") * 4.5).cpu(), x * 4.5)

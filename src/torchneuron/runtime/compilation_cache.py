@@ -121,6 +121,9 @@ def load(path, device):
             executable, stored_with = pickle.load(f)
     except FileNotFoundError:
         return None
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+        # unreadable (a damaged disk, a file truncated outside our atomic writes): a miss, compiled again
+        return None
     if executable is not None:
         try:
             executable = serialize_executable.deserialize_and_load(*executable, execution_devices=[device])
