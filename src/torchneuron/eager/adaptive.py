@@ -31,6 +31,7 @@ import sys
 import threading
 import weakref
 
+import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -228,7 +229,7 @@ def _disk_path(ops, external_values, kept, externals, device_index: int):
     names = [getattr(executable, "disk_key", None) for executable, _, _ in ops]
     if None in names:
         return None
-    inputs = [type(x).__name__ if type(x) in _NUMBERS else (x.shape, str(x.dtype), x.weak_type) for x in externals]
+    inputs = [type(x).__name__ if type(x) in _NUMBERS else repr(jax.typeof(x)) for x in externals]
     structure = repr(([args for _, args, _ in ops], external_values, kept, inputs))
     return compilation_cache.entry_path("fused", platform_name(), jax_device(device_index), structure, *names)
 
