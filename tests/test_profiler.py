@@ -38,6 +38,9 @@ def traced_step(tmp_path_factory):
 
     cumsum = torch.ops.aten.cumsum.default
     torchneuron.library.force_cpu(cumsum)  # first: changing the lowering table empties the executable cache
+    # a disk cache of its own: each first run compiles, rather than loading what another test stored
+    cache_dir = os.environ.get("TORCHNEURON_CACHE_DIR")
+    os.environ["TORCHNEURON_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     try:
         with torch.neuron.adaptive_eager(False):  # each op's own launch (adaptive eager's flushes: below)
             step(extra=False)
@@ -45,6 +48,7 @@ def traced_step(tmp_path_factory):
                 step(extra=True)
     finally:
         torchneuron.library.force_cpu(cumsum, False)
+        os.environ["TORCHNEURON_CACHE_DIR"] = cache_dir
     path = tmp_path_factory.mktemp("trace") / "trace.json"
     prof.export_chrome_trace(str(path))
     return prof, json.loads(path.read_text())
@@ -71,6 +75,20 @@ def test_compile_events_say_cache_miss_and_name_the_op(traced_step):
     assert compiles and all(e["args"]["cache"] == "miss" for e in compiles)
     assert "aten.exp.default" in {e["args"]["op"] for e in compiles}
     assert all(e["args"]["cache"] == "hit" for e in _cpu_events(trace, "neuron::launch"))
+
+
+def test_an_executable_loaded_from_the_disk_cache_is_a_disk_hit(tmp_path, monkeypatch):
+    """An eager op's first run loads its executable where a process before stored it: not a compile."""
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
+    x = torch.ones(3, 7, device="neuron")
+    for expected in ("miss", "disk hit"):
+        torch.neuron.clear_executable_cache()  # as a new process would start
+        activities = [ProfilerActivity.CPU, NEURON]
+        with torch.neuron.adaptive_eager(False), profile(activities=activities, record_shapes=True) as prof:
+            x.sinh().cpu()
+        prof.export_chrome_trace(str(tmp_path / "trace.json"))
+        trace = json.loads((tmp_path / "trace.json").read_text())
+        assert [e["args"]["cache"] for e in _cpu_events(trace, "neuron::compile")] == [expected]
 
 
 def test_fallback_and_transfers_are_recorded(traced_step):

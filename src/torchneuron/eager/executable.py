@@ -242,6 +242,7 @@ class Executable:
             "ops", platform_name(), jax_device(self.device_index), self.disk_key)
         stored = compilation_cache.load(self._path, jax_device(self.device_index))
         self._loaded = stored and stored[0]
+        self.loaded_from_disk = bool(self._loaded)
         if self._loaded:
             check_errors[:] = stored[1]
             self.output_sizes = [math.prod(out.shape) for out in self._loaded.out_info]

@@ -72,11 +72,12 @@ def op(func, handler, args, kwargs):
 
 def launch(executable, flat):
     """An executable (its `compiled`, `op` name, `ran` once run, `device_index`) run on `flat`: its first
-    run compiles (a cache miss), later ones are cache hits. Device time, when asked for, is the wait for
-    its results, in a nested "execute" span."""
+    run compiles (a cache miss), or loads what the disk cache held (`loaded_from_disk`); later ones are
+    cache hits. Device time, when asked for, is the wait for its results, in a nested "execute" span."""
     first_run, name, device_index = not executable.ran, executable.op, executable.device_index
     kind = "compile" if first_run else "launch"
-    details = {"cache": "miss" if first_run else "hit", "device": device_index}
+    cache = ("disk hit" if getattr(executable, "loaded_from_disk", False) else "miss") if first_run else "hit"
+    details = {"cache": cache, "device": device_index}
     return span(kind, name, _run_and_wait, (executable.compiled, flat, name, device_index), details)
 
 
