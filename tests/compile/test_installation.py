@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from torchneuron.runtime import compilation_cache
 
@@ -250,3 +251,15 @@ def test_trimming_removes_the_least_recently_used_entries_first(tmp_path):
         os.utime(tmp_path / f"entry{age}", (1_000_000 + age, 1_000_000 + age))
     compilation_cache.trim(str(tmp_path), 350)
     assert sorted(os.listdir(tmp_path)) == ["entry3", "entry4", "entry5"]
+
+
+def test_directories_other_torchneuron_sources_left_in_jax_cache_go_once_a_day_old(tmp_path):
+    named = [("0", "new"), ("0", "old"), ("0", "edited"), ("1", "old")]
+    current, stale, recent, other_versions = (tmp_path / f"jax-{v}_cpu_torchneuron-{source}" for v, source in named)
+    for directory in (current, stale, recent, other_versions):
+        directory.mkdir()
+    day_old = time.time() - compilation_cache.STALE_SECONDS - 60
+    for directory in (current, stale, other_versions):
+        os.utime(directory, (day_old, day_old))
+    compilation_cache.remove_stale_sources(str(current))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (current, recent, other_versions))

@@ -19,8 +19,10 @@ import hashlib
 import os
 import pathlib
 import pickle
+import shutil
 import tempfile
 import threading
+import time
 
 import jax
 import jaxlib
@@ -44,8 +46,26 @@ def directory(kind: str, platform: str) -> str:
     if kind == "xla":
         # JAX's cache by torchneuron source as well: after an upgrade our keys all miss, and the programs would
         # come from JAX's cache, which we cannot store again (`compile_and_store`), for as long as it kept them
-        versions += f"_torchneuron-{source_digest()[:16]}"
+        versions += f"{_SOURCE}{source_digest()[:16]}"
     return os.path.join(root(), kind, versions)
+
+
+_SOURCE = "_torchneuron-"
+STALE_SECONDS = 24 * 3600
+
+
+def remove_stale_sources(current: str) -> None:
+    """Delete the directories of JAX's cache that other torchneuron sources left beside `current` (same versions
+    otherwise) and nothing has written to for a day: each upgrade, each edit of a checkout, leaves one."""
+    parent, name = os.path.split(current)
+    prefix = name.split(_SOURCE)[0] + _SOURCE
+    try:
+        siblings = [entry for entry in os.scandir(parent) if entry.name.startswith(prefix) and entry.name != name]
+    except FileNotFoundError:
+        return
+    for entry in siblings:
+        if entry.stat().st_mtime < time.time() - STALE_SECONDS:
+            shutil.rmtree(entry.path, ignore_errors=True)  # another process may be removing it too
 
 
 @functools.cache
@@ -64,6 +84,7 @@ def configure_jax(platform: str) -> None:
     max_bytes = int(os.environ.get("TORCHNEURON_CACHE_MAX_BYTES", 4 << 30))
     for kind in KINDS:
         atexit.register(trim, directory(kind, platform), max_bytes)
+    atexit.register(remove_stale_sources, directory("xla", platform))
 
 
 def trim(path: str, max_bytes: int) -> None:
