@@ -349,4 +349,3 @@ def test_the_step_boundary_hook_becomes_traceable_once_dynamo_is_loaded(monkeypa
         assert (hook != boundaries._after_step) == hasattr(torch._dynamo, "dont_skip_tracing")  # wrapped for Dynamo
     finally:
         boundaries.remove()
-

@@ -38,17 +38,15 @@ def traced_step(tmp_path_factory):
 
     cumsum = torch.ops.aten.cumsum.default
     torchneuron.library.force_cpu(cumsum)  # first: changing the lowering table empties the executable cache
-    # a disk cache of its own: each first run compiles, rather than loading what another test stored
-    cache_dir = os.environ.get("TORCHNEURON_CACHE_DIR")
-    os.environ["TORCHNEURON_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     try:
-        with torch.neuron.adaptive_eager(False):  # each op's own launch (adaptive eager's flushes: below)
-            step(extra=False)
+        # a disk cache of its own: each first run compiles, rather than loading what another test stored
+        with pytest.MonkeyPatch.context() as patched, torch.neuron.adaptive_eager(False):
+            patched.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+            step(extra=False)  # each op's own launch (adaptive eager's flushes: below)
             with profile(activities=[ProfilerActivity.CPU, NEURON], record_shapes=True, profile_memory=True) as prof:
                 step(extra=True)
     finally:
         torchneuron.library.force_cpu(cumsum, False)
-        os.environ["TORCHNEURON_CACHE_DIR"] = cache_dir
     path = tmp_path_factory.mktemp("trace") / "trace.json"
     prof.export_chrome_trace(str(path))
     return prof, json.loads(path.read_text())

@@ -47,8 +47,8 @@ def load_or_compile(graph, signature, name: str, device: int, export, compile):
     `exported` of None is a program export cannot express, compiled from its trace and not stored."""
     path = graph and compilation_cache.entry_path("graphs", platform_name(), jax_device(device), graph,
                                                   repr(signature))
-    hit = path is not None and os.path.exists(path)
     if events.listening:
+        hit = path is not None and os.path.exists(path)
         return events.graph_compile(_load_or_compile, (path, device, export, compile), name, hit)
     return _load_or_compile(path, device, export, compile)
 

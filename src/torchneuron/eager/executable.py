@@ -425,4 +425,3 @@ def _disk_key(rule, key):
         return None
     text = repr(key)
     return None if " at 0x" in text else text
-

@@ -192,4 +192,3 @@ _jax_cache_hits = _JaxCacheHits()
 def _count_jax_cache_hit(event: str, **kwargs) -> None:
     if event == "/jax/compilation_cache/cache_hits":  # in this thread: it loaded what it is compiling
         _jax_cache_hits.count += 1
-
