@@ -62,10 +62,14 @@ def template(value, tensors: list, scalars: list, dynamic_floats: bool):
     if kind is list or kind is tuple:
         slots = []
         for v in value:
-            # a foreach op's lists hold a tensor per parameter: the common case is slotted inline
-            if type(v) is NeuronTensor:
+            # the common cases inline: a foreach op's lists hold a tensor per parameter, a view's or a
+            # reduction's a size or dim each
+            item = type(v)
+            if item is NeuronTensor:
                 tensors.append(v)
                 slots.append(TENSOR_SLOTS[len(tensors) - 1])
+            elif item is int:
+                slots.append(v)
             else:
                 slots.append(template(v, tensors, scalars, dynamic_floats))
         return tuple(slots)

@@ -52,9 +52,12 @@ class Compute:
         tensors, scalars, targs = [], [], []
         dynamic = self.rule.traced_floats
         for a in args:
-            if type(a) is NeuronTensor:
+            kind = type(a)
+            if kind is NeuronTensor:
                 targs.append(TENSOR_SLOTS[len(tensors)])
                 tensors.append(a)
+            elif kind is int:
+                targs.append(a)
             else:
                 targs.append(template(a, tensors, scalars, dynamic))
         targs = tuple(targs)
