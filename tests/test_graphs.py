@@ -128,6 +128,28 @@ def test_what_would_not_replay_is_refused_and_the_capture_dropped():
             graph.replay()
 
 
+def test_a_storage_freed_between_uses_reads_as_zeros_at_replay_and_a_resized_one_is_refused():
+    """FSDP2's pattern: a buffer whose storage is grown, written and read, then freed (resized to 0) inside the
+    step; a replay reads it as the capture did, though it is freed when replay() is called."""
+    source = torch.zeros(6, device="neuron")
+    full = torch.empty(6, device="neuron")
+    full.untyped_storage().resize_(0)
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        full.untyped_storage().resize_(24)
+        full[:4].copy_(source[:4] * 2)
+        out = full + 1
+        full.untyped_storage().resize_(0)
+    for step in range(2):
+        values = torch.arange(6.0) + step
+        source.copy_(values)
+        graph.replay()
+        torch.testing.assert_close(out.cpu(), torch.cat([values[:4] * 2, torch.zeros(2)]) + 1)
+    full.untyped_storage().resize_(12)
+    with pytest.raises(RuntimeError, match="held 6 elements when captured and holds 3 now"):
+        graph.replay()
+
+
 def test_device_checks_of_a_captured_op_fail_at_replay():
     table, static_index = torch.randn(5, 2, device="neuron"), torch.zeros(2, dtype=torch.long, device="neuron")
     graph = torch.neuron.NeuronGraph()

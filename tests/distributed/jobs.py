@@ -548,6 +548,145 @@ def check_adaptive_eager():
     equal(eager, (stacked - 3) * 0.5, "all_reduce between queued ops against the CPU")
 
 
+def _captured(step):
+    """`step` captured in a graph (torch.neuron.graph) and what the capture returned: each replay runs it."""
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
+def _check_captured_training(parallel: str):
+    """A data-parallel training step captured whole (forward, backward, the gradients' collectives, SGD) and
+    replayed on each rank's batch: the parameters of one CPU process training on every rank's batch. The
+    gradients are averaged by an all_reduce each, by DDP's buckets, or by FSDP2's reduce-scatters (whose
+    all-gathered parameters it frees between uses)."""
+    torch.manual_seed(1)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = copy.deepcopy(reference).to(DEVICE)
+    if parallel == "DDP":
+        model = DDP(model)
+    elif parallel == "FSDP2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model[0], model[2], model):
+            fully_shard(layer)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batch = torch.zeros(3, 4, device=DEVICE)
+
+    def train():
+        optimizer.zero_grad(set_to_none=True)
+        model(batch).square().mean().backward()
+        if parallel == "all_reduce":
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        optimizer.step()
+
+    def step(seed, run):
+        batches = [torch.randn(3, 4, generator=torch.Generator().manual_seed(seed + r)) for r in range(WORLD)]
+        batch.copy_(batches[RANK].to(DEVICE))
+        run()
+        reference_optimizer.zero_grad()
+        reference(torch.cat(batches)).square().mean().backward()
+        reference_optimizer.step()
+
+    for seed in (0, 5):  # as with CUDA graphs, steps run before the capture: DDP rebuilds its buckets at the second
+        step(seed, train)
+    graph, _ = _captured(train)
+    for seed in (10, 20, 30):
+        step(seed, graph.replay)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            p = p.full_tensor() if parallel == "FSDP2" else p
+            equal(p, q.detach(), f"captured {parallel} training step, batch {seed}", atol=1e-5, rtol=1e-5)
+
+
+def job_captured():
+    """Collectives captured in a graph with the ops around them, as NCCL's in a CUDA graph: each replay runs
+    them again on what it computed; equal to the CPU, from every rank's inputs."""
+    import torchneuron.compile
+
+    init()
+    group = dist.group.WORLD
+    torch.manual_seed(0)
+    # a tensor-parallel MLP: columns of the first weight and rows of the second per rank, partial sums all-reduced
+    w1, w2 = torch.randn(8, 6), torch.randn(6, 8)
+    x = torch.zeros(4, 8, device=DEVICE)
+    w1_shard, w2_shard = w1.chunk(WORLD, 1)[RANK].to(DEVICE), w2.chunk(WORLD, 0)[RANK].to(DEVICE)
+
+    def mlp():
+        partial = torch.relu(x @ w1_shard) @ w2_shard
+        dist.all_reduce(partial)
+        return partial * 0.5 + 1
+
+    graph, out = _captured(mlp)
+    for step in range(3):
+        data = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))  # the same on every rank
+        x.copy_(data.to(DEVICE))
+        graph.replay()
+        equal(out, (torch.relu(data @ w1) @ w2) * 0.5 + 1, f"captured tensor-parallel MLP, replay {step}",
+              atol=1e-5, rtol=1e-5)
+    # gathers, reduce-scatter, broadcast, all-to-all, a strided view reduced in place and a functional
+    # collective in one graph
+    a = torch.zeros(3, 4, device=DEVICE)
+
+    def collectives():
+        gathered = torch.empty(WORLD * 3, 4, device=DEVICE)
+        dist.all_gather_into_tensor(gathered, a * 2)
+        scattered = torch.empty(12 // WORLD, device=DEVICE)
+        dist.reduce_scatter_tensor(scattered, a.reshape(-1) + 1, op=dist.ReduceOp.MAX)
+        broadcast = a - 1
+        dist.broadcast(broadcast, src=1)
+        swapped = torch.empty(12, device=DEVICE)
+        dist.all_to_all_single(swapped, a.reshape(-1) * 3)
+        strided = a.clone()
+        dist.all_reduce(strided[:, 1], op=dist.ReduceOp.SUM)
+        return gathered, scattered, broadcast, swapped, strided, funcol.all_reduce(a, "avg", group) + 0
+
+    graph, outs = _captured(collectives)
+    for step in range(2):
+        values = [inputs(r) * (step + 1) for r in range(WORLD)]
+        a.copy_(values[RANK].to(DEVICE))
+        graph.replay()
+        strided = values[RANK].clone()
+        strided[:, 1] = sum(v[:, 1] for v in values)
+        expected = (torch.cat([v * 2 for v in values]),
+                    torch.stack([v.reshape(-1) + 1 for v in values]).amax(0).chunk(WORLD)[RANK],
+                    values[1] - 1,
+                    torch.cat([(v.reshape(-1) * 3).chunk(WORLD)[RANK] for v in values]),
+                    strided,
+                    sum(values) / WORLD)
+        for name, got, want in zip(("all_gather", "reduce_scatter", "broadcast", "all_to_all", "strided all_reduce",
+                                    "functional all_reduce"), outs, expected):
+            equal(got, want, f"captured {name}, replay {step}")
+    for parallel in ("all_reduce", "DDP", "FSDP2"):
+        _check_captured_training(parallel)
+    # a compiled graph whose collectives are in its program, captured with eager ops around it
+    torchneuron.compile.reset()
+    compiled = torch.compile(lambda v: funcol.all_reduce(torch.tanh(v), "sum", group) * 2, backend="neuron",
+                             fullgraph=True)
+    v = torch.zeros(5, device=DEVICE)
+    compiled(v)
+    graph, result = _captured(lambda: compiled(v + 1) - 1)
+    values = [torch.linspace(-1, 1, 5) * (r + 1) for r in range(WORLD)]
+    v.copy_(values[RANK].to(DEVICE))
+    graph.replay()
+    equal(result, sum(torch.tanh(t + 1) for t in values) * 2 - 1, "captured compiled graph with a collective")
+    # the collectives of two process groups over different ranks cannot share one program
+    singles = [dist.new_group([r]) for r in range(WORLD)]
+    try:
+        with torch.neuron.graph(torch.neuron.NeuronGraph()):
+            dist.all_reduce(a)
+            dist.all_reduce(a, group=singles[RANK])
+    except RuntimeError as error:
+        assert "captures the collectives of one process group" in str(error), error
+    else:
+        raise AssertionError("a capture over two process groups was not refused")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("passed captured collectives", flush=True)
+
+
 def job_fault(kind: str):
     init(seconds=10)
     x = torch.ones(4 + (RANK if kind == "shape" else 0), device=DEVICE)

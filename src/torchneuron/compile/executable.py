@@ -494,10 +494,10 @@ class _Program:
 
         self.program = StorageProgram(specs, pattern, storages, mutated_inputs, compute, graph.name)
         self.op, self.ran = graph.name, True  # compiled ahead of its first run (what events.launch reads)
-        self.mesh = None
+        self.mesh = self.agree = None
         if graph.group:
             group = collectives.program_group(graph.group, self.device_index)
-            self.mesh = group.mesh
+            self.mesh, self.agree = group.mesh, group.agree
             # ranks compiling different programs would run mismatched collectives: compare first
             group.agree(f"compiled graph {graph.name} on {[spec[:4] for spec in specs]}")
 
@@ -544,7 +544,7 @@ class _Program:
             # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
             # records eager executables
             if self.mesh is not None:
-                adaptive.refuse_while_capturing(f"the compiled graph {self.op}, whose collectives span processes,")
+                queue.capture.spans(self.mesh, self.agree, f"the compiled graph {self.op}")
             results = queue.record(self, storages, extras)
         else:
             results = self._launch(storages, extras)

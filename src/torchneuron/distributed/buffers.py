@@ -21,14 +21,22 @@ def _is_whole_storage(tensor) -> bool:
     return dtype == storage.dtype and covers_storage(shape, stride, offset, storage.numel)
 
 
+def _read(buffer, spec, storage_dtype):
+    return read_view(buffer, spec, storage_dtype).reshape(-1)
+
+
+def _write(buffer, flat, spec, storage_dtype):
+    return write_view(buffer, flat.reshape(spec[0]), spec, storage_dtype)
+
+
 @functools.cache
 def _reader(spec, storage_dtype):
-    return jax.jit(lambda buffer: read_view(buffer, spec, storage_dtype).reshape(-1))
+    return jax.jit(functools.partial(_read, spec=spec, storage_dtype=storage_dtype))
 
 
 @functools.cache
 def _writer(spec, storage_dtype):
-    return jax.jit(lambda buffer, flat: write_view(buffer, flat.reshape(spec[0]), spec, storage_dtype), donate_argnums=0)
+    return jax.jit(functools.partial(_write, spec=spec, storage_dtype=storage_dtype), donate_argnums=0)
 
 
 def _flush_queued_ops() -> None:
@@ -55,6 +63,21 @@ def write(tensor, values: jax.Array) -> None:
         storage.buffer = convert_to(values, storage.dtype)
     else:
         storage.buffer = _writer(tensor._spec, storage.dtype)(storage.buffer, values)
+
+
+def reader(tensor):
+    """What `flat` computes, as a function of the storage's buffer to trace into a program."""
+    if _is_whole_storage(tensor):
+        return lambda buffer: buffer
+    return functools.partial(_read, spec=tensor._spec, storage_dtype=tensor._storage.dtype)
+
+
+def writer(tensor):
+    """What `write` computes, as a function (buffer, values) -> the storage's new buffer to trace into a program."""
+    storage_dtype = tensor._storage.dtype
+    if _is_whole_storage(tensor):
+        return lambda buffer, values: convert_to(values, storage_dtype)
+    return functools.partial(_write, spec=tensor._spec, storage_dtype=storage_dtype)
 
 
 def check_neuron(tensor, name: str = "tensor") -> None:

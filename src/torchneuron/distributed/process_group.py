@@ -22,7 +22,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions  # not in torch.
 from ..eager import adaptive
 from ..runtime import platform
 from ..runtime.dtypes import to_jax
-from . import buffers, programs
+from . import buffers, captured, programs
 
 _waiter = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="neuron-collective-wait")
 
@@ -188,6 +188,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return False
 
     def _work(self, outputs, written, what, arrays=()) -> Work:
+        if captured.capturing():
+            return self._issued(Work(outputs, [], self._timeout, what))  # nothing ran: each replay runs it
         arrays = list(arrays) + [t._storage.buffer for t in written]
         return self._issued(Work(outputs, arrays, self._timeout, what))
 
@@ -205,6 +207,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
         participants = tuple(self._ranks.index(r) for r in grp.ranks)
         return programs.run(self._agreement(participants), kind, grp, flat, *statics)
 
+    def _into(self, kind, source, destination, *statics) -> None:
+        """`destination` (`source` itself for an in-place collective) given the collective `kind` of `source`:
+        run now, or recorded in the graph being captured (captured.py)."""
+        grp = self._mesh(destination)
+        if captured.capturing():
+            captured.record(kind, grp, source, destination, statics, self._agree)
+        else:
+            buffers.write(destination, self._run(kind, grp, buffers.flat(source), *statics))
+
     def _agree(self, what: str) -> None:
         """Check that every rank of the group is about to run `what` (a compiled graph's program)."""
         self._agreement(tuple(range(self.size())))(what)
@@ -221,7 +232,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for t in tensors:
             _check_op(name, t.dtype)
         for t in tensors:
-            buffers.write(t, self._run(kind, self._mesh(t), buffers.flat(t), name, factor))
+            self._into(kind, t, t, name, factor)
         return self._work(tensors, tensors, what)
 
     # --- collectives ----------------------------------------------------------------------------------------
@@ -241,7 +252,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if self._on_cpu(tensors):
             return self._cpu.broadcast(tensors, opts)
         for t in tensors:
-            buffers.write(t, self._run("broadcast", self._mesh(t), buffers.flat(t), opts.rootRank))
+            self._into("broadcast", t, t, opts.rootRank)
         return self._work(tensors, tensors, "broadcast")
 
     def reduce(self, tensors, opts=None):
@@ -260,14 +271,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _gather_into(self, outputs, source, what):
         """All-gather `source` and write rank i's values into outputs[i] (or all into one tensor)."""
+        if len(outputs) == 1 and outputs[0].numel() == source.numel() * self.size():
+            self._into("all_gather", source, outputs[0])
+            return
         gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
-        if len(outputs) == 1 and outputs[0].numel() == gathered.shape[0]:
-            buffers.write(outputs[0], gathered)
-        else:
-            n = source.numel()
-            for i, out in enumerate(outputs):
-                buffers.write(out, gathered[i * n : (i + 1) * n])
-        return gathered
+        n = source.numel()
+        for i, out in enumerate(outputs):
+            buffers.write(out, gathered[i * n : (i + 1) * n])
 
     def _check_count(self, tensors, what: str) -> None:
         if len(tensors) != self.size():
@@ -357,7 +367,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError("input tensor must be the same size as output size times world size")
             if out.dtype != source.dtype:
                 raise TypeError("input tensor must be the same type as the output tensor.")
-            buffers.write(out, self._run("reduce_scatter", self._mesh(out), buffers.flat(source), name, factor))
+            self._into("reduce_scatter", source, out, name, factor)
         return self._work(outputs, outputs, "reduce_scatter_tensor")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -386,7 +396,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             if input.numel() % size or output.numel() != input.numel():
                 raise ValueError(f"all_to_all_single: tensors of {input.numel()} and {output.numel()} elements do not split evenly {size} ways")
-            buffers.write(output, self._run("all_to_all", self._mesh(input), buffers.flat(input)))
+            self._into("all_to_all", input, output)
             return self._work([output], [output], "all_to_all_single")
         row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
         ins = list(input_split_sizes) or [input.shape[0] // size] * size

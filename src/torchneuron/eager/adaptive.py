@@ -26,6 +26,7 @@ On by default. Off: `torch.neuron.set_adaptive_eager(False)`, the
 """
 import contextlib
 import functools
+import hashlib
 import os
 import sys
 import threading
@@ -38,8 +39,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.platform import jax_device, platform_name
-from ..runtime.program import compile_on_device, fast_call
-from ..runtime.storage import Pending, live_storages
+from ..runtime.program import compile_on_device, compile_over_mesh, fast_call
+from ..runtime.dtypes import to_jax
+from ..runtime.storage import Pending, live_storages, zero_buffer
 from ..runtime.transfer import scalar_key
 
 _NUMBERS = (float, int, bool)
@@ -260,6 +262,17 @@ class Capture:
     def __init__(self):
         self.reads = {}  # value number of an input buffer -> the storage it was read from
         self.keys = {}  # value number of a random op's key -> the generator it was drawn from (None: the default)
+        self.mesh = None  # the processes' devices a captured collective spans: the graph is a program of all
+        self.agree = None  # checks with those processes that they replay the same program
+
+    def spans(self, mesh, agree, what: str) -> None:
+        """A collective over `mesh` (a process group's devices) is captured: the graph becomes one program of
+        the group's ranks, as a compiled graph with collectives does; `agree(description)` checks that every
+        rank compiles the same one."""
+        if self.mesh is not None and self.mesh != mesh:
+            raise RuntimeError(f"neuron: {what} uses another process group than the collectives captured before it: "
+                               "a graph (torch.neuron.graph) captures the collectives of one process group")
+        self.mesh, self.agree = mesh, agree
 
 
 class CapturedGraph:
@@ -270,11 +283,13 @@ class CapturedGraph:
 
     def __init__(self, ops, n_values, externals, external_values, capture, writes, checks, device_index):
         position = {number: i for i, number in enumerate(external_values)}
-        self.reads = [(position[number], storage) for number, storage in capture.reads.items()]
+        # with each storage read, its size when captured (which the program is compiled for)
+        self.reads = [(position[number], storage, externals[position[number]].shape[0])
+                      for number, storage in capture.reads.items()]
         self.keys = [(position[number], generator) for number, generator in capture.keys.items()]
         # what replay reads anew is not kept: a captured training step would hold its parameters twice
         self.externals = list(externals)
-        for i, _ in self.reads + self.keys:
+        for i, *_ in self.reads + self.keys:
             self.externals[i] = None
         self.writes = [storage for storage, _ in writes]
         self.checks = [(op, len(numbers), errors) for op, numbers, errors in checks]
@@ -283,12 +298,17 @@ class CapturedGraph:
         self.ops = ops  # the executables the program inlines
         self.device_index = device_index
         self.compiled = None
+        self.mesh, self.agree = capture.mesh, capture.agree
+        # over a mesh each replay passes only what it reads anew, each process's shard of an array over the
+        # mesh; the numbers are constants of the program
+        self.given = sorted(i for i, *_ in self.reads + self.keys)
+        self.structure = [(str(e.op), args) for e, args, _ in ops] + [external_values, kept]
 
     def replay(self) -> None:
         queue.flush()  # work queued before the replay: it may write what the graph reads
         externals = list(self.externals)
-        for i, storage in self.reads:
-            externals[i] = storage.buffer
+        for i, storage, numel in self.reads:
+            externals[i] = storage.buffer if storage.numel == numel else self._freed(storage, numel)
         for i, generator in self.keys:
             externals[i] = rng.next_key(self.device_index, generator)
         run = self.compiled or self._compile_and_run
@@ -303,14 +323,48 @@ class CapturedGraph:
         if results:
             sync.last[self.device_index] = results[-1]
 
+    def _freed(self, storage, numel: int):
+        """What a replay reads of a storage freed since the capture read it (resized to 0, as FSDP2 frees the
+        unsharded parameters between uses): zeros of the captured size, what it would hold once resized back.
+        A storage resized to another size cannot be read by the program compiled for the captured one."""
+        if storage.numel:
+            raise RuntimeError(f"neuron: a storage the captured graph reads held {numel} elements when captured and "
+                               f"holds {storage.numel} now: resize it back before replay()")
+        return zero_buffer(numel, to_jax(storage.dtype), self.device_index)
+
     def _compile_and_run(self, *externals):
-        self.compiled, results = _compiled_at_first_run(self.program, self.device_index, externals)
-        return results
+        if self.mesh is None:
+            self.compiled, results = _compiled_at_first_run(self.program, self.device_index, externals)
+            return results
+        given = [externals[i] for i in self.given]
+        avals = [(x.shape, x.dtype.name) for x in given]
+        digest = hashlib.sha256(repr((self.structure, avals)).encode()).hexdigest()
+        self.agree(f"captured graph {self.program.__name__} {digest[:16]}")
+        self.compiled = functools.partial(_given, compile_over_mesh(self._with_constants(), self.mesh, given), self.given)
+        return self.compiled(*externals)
+
+    def _with_constants(self):
+        """The program of the arguments each replay gives, with the capture's numbers in it."""
+        constants, given, program = self.externals, self.given, self.program
+
+        def graph(*arrays):
+            externals = list(constants)
+            for i, array in zip(given, arrays):
+                externals[i] = array
+            return program(*externals)
+
+        graph.__name__ = program.__name__
+        return graph
+
+
+def _given(run, given, *externals):
+    return run(*[externals[i] for i in given])
 
 
 def refuse_while_capturing(what: str) -> None:
-    """Work that would run at once instead of being recorded (a transfer, a data-dependent op, a compiled
-    graph, a collective) is refused while a graph is captured: it would not run again at replay."""
+    """Work that would run at once instead of being recorded (a transfer, a data-dependent op, a collective
+    distributed/captured.py does not record) is refused while a graph is captured: it would not run again at
+    replay."""
     if queue.capture is not None:
         raise RuntimeError(f"neuron: {what} cannot be captured in a graph (torch.neuron.graph): only ops on the "
                            "capture's device are recorded. Run it before the capture or after replay().")

@@ -146,6 +146,30 @@ def fast_call(compiled):
     return getattr(compiled, "_call", None) or compiled
 
 
+def compile_over_mesh(function, mesh, args):
+    """`function` of this process's flat arrays `args` compiled as one program of all `mesh`'s processes (its
+    collectives name the mesh's one axis), each argument and result this process's shard of an array over the
+    mesh: what calls it on this process's arrays and gives this process's results. A 0-d result (a device-side
+    check's flag), which cannot be split, travels as one element and comes back 0-d."""
+    shapes = []
+
+    def flat_results(*flat):
+        results = function(*flat)
+        shapes[:] = [r.shape for r in results]
+        return [r.reshape(-1) for r in results]
+
+    flat_results.__name__ = function.__name__
+    axis = PartitionSpec(mesh.axis_names[0])
+    mapped = jax.shard_map(_own_function(flat_results), mesh=mesh, in_specs=axis, out_specs=axis, check_vma=False)
+    compiled = jax.jit(mapped).trace(*global_avals(args, mesh)).lower().compile()
+
+    def run(*arrays):
+        results = shard_of(compiled(*over_mesh(arrays, mesh)))
+        return [r if r.shape == shape else r.reshape(shape) for r, shape in zip(results, shapes)]
+
+    return run
+
+
 def global_avals(avals, mesh) -> list:
     """Flat per-process avals as the arrays over `mesh` whose shards they are."""
     sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
