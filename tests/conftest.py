@@ -87,3 +87,25 @@ def jax_compile_events():
         yield names
     finally:
         jax.monitoring.unregister_event_duration_listener(record)
+
+
+@pytest.fixture
+def unrunnable_stored_executables(monkeypatch):
+    """Every executable loaded from the disk cache fails when run, consuming nothing, as one XLA serialized
+    without a kernel it needs does ("Function ... not found"); the list holds those runs. A CPU fallback is an
+    error meanwhile: what cannot run must be compiled again, not run on the CPU."""
+    from jax.experimental import serialize_executable
+
+    load, runs = serialize_executable.deserialize_and_load, []
+
+    class Unrunnable:
+        def __init__(self, executable):
+            self.out_info = executable.out_info
+
+        def __call__(self, *args):
+            runs.append(self)
+            raise RuntimeError("Function add_bitcast_fusion not found")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: Unrunnable(load(*a, **k)))
+    monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
+    return runs

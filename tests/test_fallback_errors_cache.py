@@ -215,6 +215,32 @@ def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored(own_disk_cach
     assert _op_programs_on_disk(own_disk_cache) == []
 
 
+def test_stored_executables_that_cannot_run_are_compiled_again(own_disk_cache, unrunnable_stored_executables):
+    """An eager op's or a fused queue's executable that loads from disk but cannot run is traced and compiled
+    afresh at its first run, which it failed without consuming its inputs: right results on neuron, no CPU
+    fallback, no replay of the queue op by op; the unrunnable executable runs no more."""
+    x, w = torch.randn(4, 7), torch.randn(7)
+
+    def step(a, b):
+        return ((a * 3.5 + b).relu() * 0.5).sum(0)
+
+    expected = step(x, w)
+    with torch.neuron.adaptive_eager():
+        for _ in range(3):  # the queue's structure seen twice: its fused program compiled and stored
+            torch.testing.assert_close(step(x.to("neuron"), w.to("neuron")).cpu(), expected)
+    assert _op_programs_on_disk(own_disk_cache) and list(own_disk_cache.glob("fused/*/*.xla"))
+    torch.neuron.clear_executable_cache()
+    replays = torch.neuron.adaptive_eager_stats()["replays"]
+    for adaptive in (False, True, True, True):
+        with torch.neuron.adaptive_eager(adaptive):
+            torch.testing.assert_close(step(x.to("neuron"), w.to("neuron")).cpu(), expected)
+        if not adaptive:
+            failed = len(unrunnable_stored_executables)
+            assert failed >= 3  # every op of the step loaded its program, which failed once
+    assert len(unrunnable_stored_executables) == failed + 1  # the fused program's, once
+    assert torch.neuron.adaptive_eager_stats()["replays"] == replays
+
+
 def test_executables_are_released_near_the_memory_map_limit(monkeypatch):
     """Past a share of vm.max_map_count every cached executable is dropped (XLA:CPU crashed when a process
     compiling tens of thousands of shapes ran out of mappings); ops go on, compiling again."""

@@ -851,6 +851,19 @@ def test_a_graph_found_on_disk_loads_its_executable_without_lowering_its_program
     torch.testing.assert_close(loaded, _arange_and_softmax(x))
 
 
+def test_a_graph_whose_stored_executable_cannot_run_is_compiled_again(unrunnable_stored_executables):
+    """An executable that loads from disk but fails at its first run (consuming nothing) is replaced by the graph's
+    program compiled afresh, once. (Shapes of its own: an executable JAX's cache gave is not stored.)"""
+    x = torch.randn(4, 11)
+    torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron"))
+    torch._dynamo.reset()
+    neuron_compile.reset()
+    loaded = torch.compile(_arange_and_softmax, backend="neuron")
+    torch.testing.assert_close(loaded(x.to("neuron")).cpu(), _arange_and_softmax(x))
+    torch.testing.assert_close(loaded(x.to("neuron") * 2).cpu(), _arange_and_softmax(x * 2))
+    assert neuron_compile.report()["disk_cache_hits"] == 1 and len(unrunnable_stored_executables) == 1
+
+
 def test_a_graph_whose_stored_executable_cannot_load_is_compiled_from_its_exported_program(monkeypatch):
     x = torch.randn(3, 5)
     torch.compile(_arange_and_softmax, backend="neuron")(x.to("neuron"))

@@ -42,9 +42,10 @@ def _tensor_bytes(tensor) -> bytes:
 
 
 def load_or_compile(graph, signature, name: str, device: int, export, compile):
-    """(executable, what tracing told) of the graph whose `graph_digest` is `graph`, for this input signature on the
-    device: loaded from its entry, else `compile(exported)` of `export() -> (exported, traced)`, stored. An
-    `exported` of None is a program export cannot express, compiled from its trace and not stored."""
+    """(executable, what tracing told, where the executable was loaded from: None if compiled here) of the graph
+    whose `graph_digest` is `graph`, for this input signature on the device: loaded from its entry, else
+    `compile(exported)` of `export() -> (exported, traced)`, stored. An `exported` of None is a program export
+    cannot express, compiled from its trace and not stored."""
     path = graph and compilation_cache.entry_path("graphs", platform_name(), jax_device(device), graph,
                                                   repr(signature))
     if events.listening:
@@ -58,11 +59,13 @@ def _load_or_compile(path, device, export, compile):
     if entry is not None:
         compiled, (exported, traced) = entry
         counters["disk_cache_hits"] += 1
-        return compiled or compile(jax.export.deserialize(exported)), traced
+        if compiled is None:
+            return compile(jax.export.deserialize(exported)), traced, None
+        return compiled, traced, path
     counters["xla_compiles"] += 1
     exported, traced = export()
     if exported is None:
-        return compile(None), traced
+        return compile(None), traced, None
     # the exported program stands in where the executable cannot be stored or loaded
     return compilation_cache.compile_and_store(path, lambda: compile(exported), (exported.serialize(), traced),
-                                               without_executable=True), traced
+                                               without_executable=True), traced, None

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from ..eager import adaptive, cpu_dtypes, fallback, math_bits, transfers, views
 from ..ops import checks, collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
-from ..runtime import events, pending_checks, rng, sync
+from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.dtypes import to_torch
 from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
                                storage_views)
@@ -507,7 +507,8 @@ class _Program:
             # a program of several processes is compiled by each of them for its own device, not cached on disk
             counters["xla_compiles"] += 1
             lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
-            self.compiled, self.constants, self.check_errors = lowered.compile(), constants, check_errors
+            self.executable, self.constants, self.check_errors = lowered.compile(), constants, check_errors
+            self.compiled = self.executable
             self.output_specs = _output_specs(array_outputs)
             self.views = _sized(views, constants)
             return
@@ -524,8 +525,11 @@ class _Program:
             program = self.program.jit(self.device_index, exported.call if exported is not None else None)
             return program.trace(*avals).lower().compile()
 
-        self.compiled, (array_outputs, self.constants, self.check_errors) = disk_cache.load_or_compile(
+        self.executable, (array_outputs, self.constants, self.check_errors), stored_at = disk_cache.load_or_compile(
             graph.digest(), signature, graph.name, self.device_index, export, compile)
+        self.compiled = self.executable
+        if stored_at is not None:
+            self.compiled = functools.partial(self._first_run_from_disk, stored_at, lambda: compile(None))
         self.output_specs = _output_specs(array_outputs)
         self.views = _sized(views, self.constants)
 
@@ -535,7 +539,14 @@ class _Program:
 
     @functools.cached_property
     def output_sizes(self) -> list:
-        return [math.prod(out.shape) for out in self.compiled.out_info]
+        return [math.prod(out.shape) for out in self.executable.out_info]
+
+    def _first_run_from_disk(self, path, recompile, *flat):
+        """An executable loaded from disk runs first through `run_first`, which compiles the graph's program
+        afresh if it cannot run."""
+        self.executable, results = compilation_cache.run_first(path, self.executable, flat, recompile)
+        self.compiled = self.executable
+        return results
 
     def run(self, args, storages):
         queue = adaptive.queue

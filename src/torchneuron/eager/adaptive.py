@@ -240,11 +240,15 @@ def _compiled_at_first_run(program, device_index: int, externals, path=None):
     """`program` compiled for `externals` (or loaded from `path`, where it is stored) and run on them: how to call
     it from now on, as eager executables keep theirs (JAX's C++ call, which the first call sets), and the first
     run's results."""
-    compiled, _ = compilation_cache.load(path, jax_device(device_index)) or (None, None)
-    if compiled is None:
-        compiled = compilation_cache.compile_and_store(
-            path, lambda: compile_on_device(program, device_index, externals))
-    results = compiled(*externals)
+    def compile():
+        return compilation_cache.compile_and_store(path, lambda: compile_on_device(program, device_index, externals))
+
+    loaded, _ = compilation_cache.load(path, jax_device(device_index)) or (None, None)
+    if loaded is None:
+        compiled = compile()
+        results = compiled(*externals)
+    else:
+        compiled, results = compilation_cache.run_first(path, loaded, externals, compile)
     return fast_call(compiled), results
 
 

@@ -284,16 +284,21 @@ class Executable:
 
     def _compile_and_run(self, *flat):
         """The first run compiles the program from its trace, which is then dropped (program.jit_on_device), and
-        stores it on disk; or runs the executable loaded from there."""
-        compiled, self._loaded = self._loaded, None
-        if compiled is None:
-            compiled = compilation_cache.compile_and_store(self._path, self._traced.lower().compile,
-                                                           list(self.check_errors))
+        stores it on disk; or runs the executable loaded from there (traced and compiled after all if it cannot
+        run)."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            compiled = self._compile(self._traced)
             del self._traced
-        self.compiled = compiled
-        results = compiled(*flat)
+            results = compiled(*flat)
+        else:
+            compiled, results = compilation_cache.run_first(
+                self._path, loaded, flat, lambda: self._compile(self.program.jit(self.device_index).trace(*flat)))
         self.compiled = fast_call(compiled)
         return results
+
+    def _compile(self, traced):
+        return compilation_cache.compile_and_store(self._path, traced.lower().compile, list(self.check_errors))
 
     def _is_final(self, exc) -> bool:
         return fallback.is_final(self.rule, exc)

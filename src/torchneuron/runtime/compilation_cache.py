@@ -153,6 +153,24 @@ def load(path, device):
     return executable, stored_with
 
 
+def run_first(path, loaded, args, recompile):
+    """The first run of the executable `loaded` from `path` on `args`: (the executable to keep, its results). One
+    that loads but cannot run (a kernel XLA did not serialize with it: "Function ... not found"), having consumed
+    none of its arguments (donated buffers), leaves the disk and `recompile()`'s executable runs instead; an
+    error that remains is the program's own, and raised."""
+    try:
+        return loaded, loaded(*args)
+    except Exception:
+        if any(isinstance(a, jax.Array) and a.is_deleted() for a in args):
+            raise
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # another process found it first
+            pass
+        compiled = recompile()
+        return compiled, compiled(*args)
+
+
 def compile_and_store(path, compile, stored_with=None, without_executable=False):
     """`compile()`'s executable, stored at `path` (unless it is None) with `stored_with`; where the executable cannot
     be stored, `stored_with` alone if `without_executable`. Only an executable compiled here is stored: one JAX
