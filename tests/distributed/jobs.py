@@ -641,7 +641,16 @@ def job_captured():
         dist.all_to_all_single(swapped, a.reshape(-1) * 3)
         strided = a.clone()
         dist.all_reduce(strided[:, 1], op=dist.ReduceOp.SUM)
-        return gathered, scattered, broadcast, swapped, strided, funcol.all_reduce(a, "avg", group) + 0
+        listed = [torch.empty(3, 4, device=DEVICE) for _ in range(WORLD)]
+        dist.all_gather(listed, a + 5)
+        rows = torch.empty(WORLD, 3, 4, device=DEVICE)  # views of one storage, written one after the other
+        dist.all_gather(list(rows.unbind(0)), a * 4)
+        summed = torch.empty(3, device=DEVICE)
+        dist.reduce_scatter(summed, list((a * 5).unbind(1)[:WORLD]))
+        exchanged = [torch.empty(6, device=DEVICE) for _ in range(WORLD)]
+        dist.all_to_all(exchanged, list(a.reshape(-1).add(7).chunk(WORLD)))
+        return (gathered, scattered, broadcast, swapped, strided, funcol.all_reduce(a, "avg", group) + 0,
+                torch.cat(listed), rows.reshape(-1, 4), summed, torch.cat(exchanged))
 
     graph, outs = _captured(collectives)
     for step in range(2):
@@ -655,9 +664,14 @@ def job_captured():
                     values[1] - 1,
                     torch.cat([(v.reshape(-1) * 3).chunk(WORLD)[RANK] for v in values]),
                     strided,
-                    sum(values) / WORLD)
+                    sum(values) / WORLD,
+                    torch.cat([v + 5 for v in values]),
+                    torch.cat([v * 4 for v in values]),
+                    sum(v[:, RANK] * 5 for v in values),
+                    torch.cat([(v.reshape(-1) + 7).chunk(WORLD)[RANK] for v in values]))
         for name, got, want in zip(("all_gather", "reduce_scatter", "broadcast", "all_to_all", "strided all_reduce",
-                                    "functional all_reduce"), outs, expected):
+                                    "functional all_reduce", "all_gather into a list", "all_gather into views",
+                                    "reduce_scatter of a list", "all_to_all of lists"), outs, expected):
             equal(got, want, f"captured {name}, replay {step}")
     for parallel in ("all_reduce", "DDP", "FSDP2"):
         _check_captured_training(parallel)

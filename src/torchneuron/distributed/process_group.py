@@ -207,14 +207,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
         participants = tuple(self._ranks.index(r) for r in grp.ranks)
         return programs.run(self._agreement(participants), kind, grp, flat, *statics)
 
-    def _into(self, kind, source, destination, *statics) -> None:
-        """`destination` (`source` itself for an in-place collective) given the collective `kind` of `source`:
-        run now, or recorded in the graph being captured (captured.py)."""
-        grp = self._mesh(destination)
+    def _into(self, kind, sources, destinations, *statics) -> None:
+        """The collective `kind` of the `sources`' values, one after the other, written in order into the
+        `destinations` (the same tensors for an in-place collective): run now, or recorded in the graph being
+        captured (captured.py)."""
+        grp = self._mesh(destinations[0])
         if captured.capturing():
-            captured.record(kind, grp, source, destination, statics, self._agree)
-        else:
-            buffers.write(destination, self._run(kind, grp, buffers.flat(source), *statics))
+            captured.record(kind, grp, sources, destinations, statics, self._agree)
+            return
+        flat = buffers.flat(sources[0]) if len(sources) == 1 else jnp.concatenate([buffers.flat(t) for t in sources])
+        values = self._run(kind, grp, flat, *statics)
+        if len(destinations) == 1:
+            buffers.write(destinations[0], values)
+            return
+        for out, piece in zip(destinations, _split(values, [t.numel() for t in destinations])):
+            buffers.write(out, piece)
 
     def _agree(self, what: str) -> None:
         """Check that every rank of the group is about to run `what` (a compiled graph's program)."""
@@ -232,7 +239,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for t in tensors:
             _check_op(name, t.dtype)
         for t in tensors:
-            self._into(kind, t, t, name, factor)
+            self._into(kind, [t], [t], name, factor)
         return self._work(tensors, tensors, what)
 
     # --- collectives ----------------------------------------------------------------------------------------
@@ -252,7 +259,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if self._on_cpu(tensors):
             return self._cpu.broadcast(tensors, opts)
         for t in tensors:
-            self._into("broadcast", t, t, opts.rootRank)
+            self._into("broadcast", [t], [t], opts.rootRank)
         return self._work(tensors, tensors, "broadcast")
 
     def reduce(self, tensors, opts=None):
@@ -268,16 +275,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
             for t, values in zip(tensors, arrays):
                 buffers.write(t, values)
         return self._work(tensors, tensors, "reduce", arrays)
-
-    def _gather_into(self, outputs, source, what):
-        """All-gather `source` and write rank i's values into outputs[i] (or all into one tensor)."""
-        if len(outputs) == 1 and outputs[0].numel() == source.numel() * self.size():
-            self._into("all_gather", source, outputs[0])
-            return
-        gathered = self._run("all_gather", self._mesh(source), buffers.flat(source))
-        n = source.numel()
-        for i, out in enumerate(outputs):
-            buffers.write(out, gathered[i * n : (i + 1) * n])
 
     def _check_count(self, tensors, what: str) -> None:
         if len(tensors) != self.size():
@@ -295,7 +292,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._check_count(outputs, "all_gather")
             for out in outputs:
                 self._check_numel(out, source.numel(), "all_gather")
-            self._gather_into(outputs, source, "all_gather")
+            self._into("all_gather", [source], outputs)
         return self._work(output_tensors, [t for ts in output_tensors for t in ts], "all_gather")
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -315,7 +312,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError("output tensor size must be equal to world_size times input tensor size")
             if out.dtype != source.dtype:
                 raise TypeError("output tensor must have the same type as input tensor")
-            self._gather_into([out], source, "all_gather_into_tensor")
+            self._into("all_gather", [source], [out])
         return self._work(outputs, outputs, "all_gather_into_tensor")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -347,8 +344,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._check_count(inputs, "reduce_scatter")
             for t in inputs:
                 self._check_numel(t, out.numel(), "reduce_scatter")
-            stacked = jnp.concatenate([buffers.flat(t) for t in inputs])
-            buffers.write(out, self._run("reduce_scatter", self._mesh(out), stacked, name, factor))
+            self._into("reduce_scatter", inputs, [out], name, factor)
         return self._work(output_tensors, output_tensors, "reduce_scatter")
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -367,7 +363,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError("input tensor must be the same size as output size times world size")
             if out.dtype != source.dtype:
                 raise TypeError("input tensor must be the same type as the output tensor.")
-            self._into("reduce_scatter", source, out, name, factor)
+            self._into("reduce_scatter", [source], [out], name, factor)
         return self._work(outputs, outputs, "reduce_scatter_tensor")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -396,7 +392,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             if input.numel() % size or output.numel() != input.numel():
                 raise ValueError(f"all_to_all_single: tensors of {input.numel()} and {output.numel()} elements do not split evenly {size} ways")
-            self._into("all_to_all", input, output)
+            self._into("all_to_all", [input], [output])
             return self._work([output], [output], "all_to_all_single")
         row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
         ins = list(input_split_sizes) or [input.shape[0] // size] * size
@@ -417,6 +413,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
             return self._cpu.alltoall(output_tensors, input_tensors, opts)
         self._check_count(input_tensors, "all_to_all")
         self._check_count(output_tensors, "all_to_all")
+        if captured.capturing():
+            # eagerly, every rank takes the uneven path: whether its own sizes are even says nothing of its peers'
+            if len({t.numel() for t in input_tensors + output_tensors}) != 1:
+                adaptive.refuse_while_capturing("all_to_all of uneven sizes")
+            self._into("all_to_all", input_tensors, output_tensors)
+            return self._work(output_tensors, output_tensors, "all_to_all")
         results = self._exchange_uneven([buffers.flat(t) for t in input_tensors], [t.numel() for t in output_tensors], input_tensors[0])
         for out, values in zip(output_tensors, results):
             buffers.write(out, values)
