@@ -601,6 +601,24 @@ def _check_captured_training(parallel: str):
             equal(p, q.detach(), f"captured {parallel} training step, batch {seed}", atol=1e-5, rtol=1e-5)
 
 
+def _check_random_ops_with_a_collective(group):
+    """Dropout beside an all_reduce, compiled into one program and captured in a graph: each call or replay draws
+    new numbers (a random op's key is a host array, put on the device for the program of all ranks)."""
+    ones = torch.ones(64, device=DEVICE)
+
+    def step():
+        return funcol.all_reduce(F.dropout(ones, 0.5), "sum", group)
+
+    compiled = torch.compile(step, backend="neuron", fullgraph=True)
+    graph, captured = _captured(step)
+    draws = []
+    for run in (compiled, compiled, lambda: (graph.replay(), captured)[1], lambda: (graph.replay(), captured)[1]):
+        values = run().cpu()
+        assert set(values.unique().tolist()) <= {0.0, 2.0, 4.0} and values.std() > 0, values
+        draws.append(values)
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[2], draws[3]), draws
+
+
 def job_captured():
     """Collectives captured in a graph with the ops around them, as NCCL's in a CUDA graph: each replay runs
     them again on what it computed; equal to the CPU, from every rank's inputs."""
@@ -620,6 +638,7 @@ def job_captured():
         return partial * 0.5 + 1
 
     graph, out = _captured(mlp)
+    _check_random_ops_with_a_collective(group)
     for step in range(3):
         data = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))  # the same on every rank
         x.copy_(data.to(DEVICE))

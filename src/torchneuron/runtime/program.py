@@ -177,9 +177,13 @@ def global_avals(avals, mesh) -> list:
 
 
 def over_mesh(arrays, mesh) -> list:
-    """This process's flat arrays as its shards of arrays over `mesh` (no copy)."""
+    """This process's flat arrays as its shards of arrays over `mesh` (no copy of a device array; a host one, as a
+    random op's key is, is put on this process's device of the mesh)."""
     sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
-    return [jax.make_array_from_single_device_arrays((mesh.size * a.shape[0],), sharding, [a]) for a in arrays]
+    (device,) = mesh.local_devices
+    return [jax.make_array_from_single_device_arrays(
+        (mesh.size * a.shape[0],), sharding, [a if isinstance(a, jax.Array) else jax.device_put(a, device)])
+        for a in arrays]
 
 
 def shard_of(arrays) -> list:
