@@ -4,7 +4,8 @@
 
 Each configuration starts its ranks (subprocesses with torchrun's environment); every rank trains the
 same model on neuron (the `neuron` backend) and then on the CPU (gloo), in the same processes, and
-rank 0 prints one markdown row per configuration and device: tokens/s over all ranks (median step) and,
+rank 0 prints one markdown row per configuration and device: tokens/s over all ranks (median step; "neuron
+graph": the step captured whole in a graph, with its collectives, and replayed) and,
 for FSDP2, the fraction of step time spent in its all-gathers and reduce-scatters. To attribute that
 time each collective is waited for where it is issued, which removes FSDP2's overlap of communication
 with compute: the fraction is an upper bound. Run it on an otherwise idle machine.
@@ -69,29 +70,41 @@ def _model(config, device, world):
     return model
 
 
-def _steps(config, device, world, clock):
-    """Median seconds per step, and the median fraction of it spent in collectives."""
+def _steps(config, device, world, clock, captured=False):
+    """Median seconds per step, and the median fraction of it spent in collectives; `captured`: the step captured
+    whole in a graph (torch.neuron.graph) after the warm-up steps, each step a replay (no fraction)."""
     import torch
     import torch.nn.functional as F
 
     model = _model(config, device, world)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # a captured step keeps AdamW's step count and learning rate on the device, as CUDA graphs need
+    opt = (torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3), capturable=True) if captured
+           else torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = torch.Generator().manual_seed(int(os.environ["RANK"]))
     tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), generator=g).to(device)
-    times, fractions = [], []
-    for step in range(ARGS.warmup + ARGS.steps):
-        clock.seconds = 0.0
-        start = time.perf_counter()
+
+    def train():
+        opt.zero_grad(set_to_none=True)
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
-        opt.zero_grad()
-        loss.item()  # waits for the device
+        return loss
+
+    times, fractions = [], []
+    for step in range(ARGS.warmup + ARGS.steps):
+        if captured and step == ARGS.warmup:
+            graph = torch.neuron.NeuronGraph()
+            with torch.neuron.graph(graph):
+                captured_loss = train()
+            train = lambda: (graph.replay(), captured_loss)[1]  # noqa: E731
+        clock.seconds = 0.0
+        start = time.perf_counter()
+        train().item()  # waits for the device
         if step >= ARGS.warmup:
             times.append(time.perf_counter() - start)
             fractions.append(clock.seconds / times[-1])
-    return statistics.median(times), statistics.median(fractions)
+    return statistics.median(times), None if captured else statistics.median(fractions)
 
 
 def rank_main(config: str) -> None:
@@ -106,12 +119,13 @@ def rank_main(config: str) -> None:
     GLOO = dist.new_group(backend="gloo")  # the CPU runs on torch's own gloo, not through the neuron backend
     clock = CollectiveClock(dist)
     rows = []
-    for device in (torch.device("neuron", int(os.environ["LOCAL_RANK"])), torch.device("cpu")):
-        seconds, fraction = _steps(config, device, world, clock)
-        rows.append((device.type if device.type == "neuron" else "cpu/gloo", seconds, fraction))
+    neuron = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+    for name, device, captured in (("neuron", neuron, False), ("neuron graph", neuron, True),
+                                   ("cpu/gloo", torch.device("cpu"), False)):
+        rows.append((name, *_steps(config, device, world, clock, captured)))
     if dist.get_rank() == 0:
         for name, seconds, fraction in rows:
-            share = f"{fraction:.0%}" if config == "fsdp2" else "-"
+            share = f"{fraction:.0%}" if config == "fsdp2" and fraction is not None else "-"
             print(f"| {config} | {world} | {name} | {seconds * 1e3:.0f} | {world * BATCH * CONTEXT / seconds:.0f} | "
                   f"{share} |", flush=True)
     dist.destroy_process_group()
