@@ -601,6 +601,31 @@ def _check_captured_training(parallel: str):
             equal(p, q.detach(), f"captured {parallel} training step, batch {seed}", atol=1e-5, rtol=1e-5)
 
 
+def _check_device_checks_with_a_collective(group):
+    """An embedding lookup beside an all_reduce, compiled into one program and captured in a graph: an index out
+    of range raises at the next synchronisation, as in one process."""
+    table = torch.arange(12.0).reshape(6, 2).to(DEVICE)
+    index = torch.tensor([1, 3], device=DEVICE)
+
+    def lookup():
+        return funcol.all_reduce(F.embedding(index, table), "sum", group)
+
+    compiled = torch.compile(lookup, backend="neuron", fullgraph=True)
+    graph, captured = _captured(lookup)
+    expected = table.cpu()[[1, 3]] * WORLD
+    for run in (compiled, lambda: (graph.replay(), captured)[1]):
+        index.copy_(torch.tensor([1, 3]))
+        equal(run(), expected, "embedding beside an all_reduce")
+        index.copy_(torch.tensor([2, 6]))
+        run()
+        try:
+            torch.neuron.synchronize()
+        except IndexError as error:
+            assert "index out of range" in str(error), error
+        else:
+            raise AssertionError("an index out of range beside a collective was not raised")
+
+
 def _check_random_ops_with_a_collective(group):
     """Dropout beside an all_reduce, compiled into one program and captured in a graph: each call or replay draws
     new numbers (a random op's key is a host array, put on the device for the program of all ranks)."""
@@ -639,6 +664,7 @@ def job_captured():
 
     graph, out = _captured(mlp)
     _check_random_ops_with_a_collective(group)
+    _check_device_checks_with_a_collective(group)
     for step in range(3):
         data = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))  # the same on every rank
         x.copy_(data.to(DEVICE))

@@ -26,8 +26,7 @@ from ..ops import checks, collectives, registry, rules
 from ..ops.rules import run_graph_with_inputs
 from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.dtypes import to_torch
-from ..runtime.program import (StorageProgram, float32_matmul_precision, global_avals, over_mesh, shard_of,
-                               storage_views)
+from ..runtime.program import StorageProgram, float32_matmul_precision, storage_views
 from ..runtime.layout import contiguous_strides, is_contiguous, lay_out
 from ..runtime.tensor import new_tensor, wrap
 from . import disk_cache
@@ -458,7 +457,6 @@ class _Program:
         # result read at the next synchronisation, as eager's; dropped in a program of several processes, whose
         # results are all shards
         check_errors = []
-        checked = checks.collecting if not graph.group else checks.unchecked
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if isinstance(a, torch.Tensor) else a for a in args]
         sources, dtypes, layouts = graph.out_sources, graph.out_dtypes, graph.out_layouts
@@ -475,7 +473,7 @@ class _Program:
             inputs = list(statics)
             for k, i in enumerate(positions):
                 inputs[i] = values[k]
-            with checked() as conditions:
+            with checks.collecting() as conditions:
                 outputs, finals, bases = run_graph_with_inputs(graph.graph_module(), inputs,
                                                                rng.key_from(extras[0]) if extras else None,
                                                                graph.hidden_bases, _cpu_error_of)
@@ -506,9 +504,8 @@ class _Program:
         if self.mesh is not None:
             # a program of several processes is compiled by each of them for its own device, not cached on disk
             counters["xla_compiles"] += 1
-            lowered = self.program.jit_over(self.mesh).trace(*global_avals(avals, self.mesh)).lower()
-            self.executable, self.constants, self.check_errors = lowered.compile(), constants, check_errors
-            self.compiled = self.executable
+            self.executable = self.compiled = self.program.over_mesh(self.mesh, avals)
+            self.constants, self.check_errors = constants, check_errors
             self.output_specs = _output_specs(array_outputs)
             self.views = _sized(views, constants)
             return
@@ -595,11 +592,7 @@ class _Program:
     def _launch(self, storages, extras) -> list:
         adaptive.flush()  # queued ops come first, and may read buffers this program donates
         flat = self.program.buffers_of(storages) + extras
-        if self.mesh is not None:
-            flat = over_mesh(flat, self.mesh)
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)
-        if self.mesh is not None:
-            results = shard_of(results)
         if results:
             sync.launched(self.device_index, results[-1])
         return results

@@ -39,7 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.platform import jax_device, platform_name
-from ..runtime.program import compile_on_device, compile_over_mesh, fast_call
+from ..runtime.program import OverMesh, compile_on_device, fast_call
 from ..runtime.dtypes import to_jax
 from ..runtime.storage import Pending, live_storages, zero_buffer
 from ..runtime.transfer import scalar_key
@@ -344,7 +344,7 @@ class CapturedGraph:
         avals = [(x.shape, x.dtype.name) for x in given]
         digest = hashlib.sha256(repr((self.structure, avals)).encode()).hexdigest()
         self.agree(f"captured graph {self.program.__name__} {digest[:16]}")
-        self.compiled = functools.partial(_given, compile_over_mesh(self._with_constants(), self.mesh, given), self.given)
+        self.compiled = functools.partial(_given, OverMesh(self._with_constants(), self.mesh, given), self.given)
         return self.compiled(*externals)
 
     def _with_constants(self):

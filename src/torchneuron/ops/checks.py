@@ -54,9 +54,8 @@ def collecting():
 @contextlib.contextmanager
 def unchecked():
     """For code whose checks are dropped: a while loop's predicate as lax's loop condition runs it (which
-    returns the predicate alone; `control_flow.while_loop` makes its checks again in the body), the replay
-    of flex attention's score_mod under jax.vjp (the forward checked it), and programs of several processes
-    (mesh graphs, whose results are all shards). Yields an empty list, as `collecting` yields the conditions
+    returns the predicate alone; `control_flow.while_loop` makes its checks again in the body) and the replay
+    of flex attention's score_mod under jax.vjp (the forward checked it). Yields an empty list, as `collecting` yields the conditions
     it found. Control flow and vmap return theirs as values (`report`, `held`, `first_failure`, `over_all`)."""
     with collecting():
         yield []

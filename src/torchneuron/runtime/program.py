@@ -87,12 +87,9 @@ class StorageProgram:
         stands in for it (the same program, exported)."""
         return jit_on_device(function or self.function, device_index, tuple(range(len(self.written_storages))))
 
-    def jit_over(self, mesh):
-        """The program mapped over a one-axis mesh of processes' devices (its collectives name the axis):
-        each argument and result is this process's flat shard of an array over the mesh (`shard_of`)."""
-        spec = PartitionSpec(mesh.axis_names[0])
-        mapped = jax.shard_map(_own_function(self.function), mesh=mesh, in_specs=spec, out_specs=spec)
-        return jax.jit(mapped, donate_argnums=tuple(range(len(self.written_storages))))
+    def over_mesh(self, mesh, avals) -> "OverMesh":
+        """The program compiled as one program of all `mesh`'s processes (its collectives name the mesh's axis)."""
+        return OverMesh(self.function, mesh, avals, tuple(range(len(self.written_storages))))
 
     def avals(self, extras) -> list:
         """Arguments for tracing: the storages' buffers as abstract values, then `extras` as given."""
@@ -146,28 +143,32 @@ def fast_call(compiled):
     return getattr(compiled, "_call", None) or compiled
 
 
-def compile_over_mesh(function, mesh, args):
-    """`function` of this process's flat arrays `args` compiled as one program of all `mesh`'s processes (its
-    collectives name the mesh's one axis), each argument and result this process's shard of an array over the
-    mesh: what calls it on this process's arrays and gives this process's results. A 0-d result (a device-side
-    check's flag), which cannot be split, travels as one element and comes back 0-d."""
-    shapes = []
+class OverMesh:
+    """`function` of this process's flat arrays compiled, for arrays like `args`, as one program of all `mesh`'s
+    processes (its collectives name the mesh's one axis); called on this process's arrays, it gives this
+    process's results. Each argument and result is this process's shard of an array over the mesh; a 0-d
+    result (a device-side check's flag), which cannot be split, travels as one element and comes back 0-d.
+    `out_info`: this process's results, as a compiled executable's."""
 
-    def flat_results(*flat):
-        results = function(*flat)
-        shapes[:] = [r.shape for r in results]
-        return [r.reshape(-1) for r in results]
+    def __init__(self, function, mesh, args, donate_argnums=()):
+        self.mesh = mesh
+        self.out_info = []
 
-    flat_results.__name__ = function.__name__
-    axis = PartitionSpec(mesh.axis_names[0])
-    mapped = jax.shard_map(_own_function(flat_results), mesh=mesh, in_specs=axis, out_specs=axis, check_vma=False)
-    compiled = jax.jit(mapped).trace(*global_avals(args, mesh)).lower().compile()
+        def flat_results(*flat):
+            results = function(*flat)
+            self.out_info = [jax.ShapeDtypeStruct(r.shape, r.dtype) for r in results]
+            return [r.reshape(-1) for r in results]
 
-    def run(*arrays):
-        results = shard_of(compiled(*over_mesh(arrays, mesh)))
-        return [r if r.shape == shape else r.reshape(shape) for r, shape in zip(results, shapes)]
+        flat_results.__name__ = function.__name__
+        axis = PartitionSpec(mesh.axis_names[0])
+        mapped = jax.shard_map(_own_function(flat_results), mesh=mesh, in_specs=axis, out_specs=axis,
+                               check_vma=False)
+        traced = jax.jit(mapped, donate_argnums=donate_argnums).trace(*global_avals(args, mesh))
+        self.compiled = traced.lower().compile()
 
-    return run
+    def __call__(self, *arrays):
+        results = [a.addressable_data(0) for a in self.compiled(*over_mesh(arrays, self.mesh))]
+        return [r if r.shape == out.shape else r.reshape(out.shape) for r, out in zip(results, self.out_info)]
 
 
 def global_avals(avals, mesh) -> list:
@@ -184,7 +185,3 @@ def over_mesh(arrays, mesh) -> list:
     return [jax.make_array_from_single_device_arrays(
         (mesh.size * a.shape[0],), sharding, [a if isinstance(a, jax.Array) else jax.device_put(a, device)])
         for a in arrays]
-
-
-def shard_of(arrays) -> list:
-    return [a.addressable_data(0) for a in arrays]
