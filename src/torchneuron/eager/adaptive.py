@@ -38,9 +38,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
+from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import OverMesh, compile_on_device, fast_call
-from ..runtime.dtypes import to_jax
 from ..runtime.storage import Pending, live_storages, zero_buffer
 from ..runtime.transfer import scalar_key
 
