@@ -33,6 +33,7 @@ import threading
 import weakref
 
 import jax
+import jax.numpy as jnp
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -41,7 +42,7 @@ from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import OverMesh, compile_on_device, fast_call
-from ..runtime.storage import Pending, live_storages, zero_buffer
+from ..runtime.storage import Pending, live_storages
 from ..runtime.transfer import scalar_key
 
 _NUMBERS = (float, int, bool)
@@ -330,11 +331,13 @@ class CapturedGraph:
     def _freed(self, storage, numel: int):
         """What a replay reads of a storage freed since the capture read it (resized to 0, as FSDP2 frees the
         unsharded parameters between uses): zeros of the captured size, what it would hold once resized back.
-        A storage resized to another size cannot be read by the program compiled for the captured one."""
+        A storage resized to another size cannot be read by the program compiled for the captured one. Filled
+        on the device: an unsharded parameter's zeros copied from the host at each replay would cost a transfer
+        of its size."""
         if storage.numel:
             raise RuntimeError(f"neuron: a storage the captured graph reads held {numel} elements when captured and "
                                f"holds {storage.numel} now: resize it back before replay()")
-        return zero_buffer(numel, to_jax(storage.dtype), self.device_index)
+        return jnp.zeros((numel,), to_jax(storage.dtype), device=jax_device(self.device_index))
 
     def _compile_and_run(self, *externals):
         if self.mesh is None:

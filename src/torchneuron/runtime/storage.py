@@ -44,7 +44,7 @@ class Pending:
         return self.array
 
 
-def zero_buffer(numel: int, dtype, device_index: int) -> jax.Array:
+def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
     """A zero buffer for a storage read before it is written (an out= tensor from `torch.empty`): a host
     array put on the device, a third of `jnp.zeros`'s cost, which runs an eager computation, and with no
     compile per size as a jitted program would have. Committed to its device: programs reading only
@@ -98,7 +98,7 @@ class Storage:
     def buffer(self) -> jax.Array:
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = zero_buffer(self.numel, to_jax(self.dtype), self.device_index)
+            buffer = self._buffer = _zeros(self.numel, to_jax(self.dtype), self.device_index)
         elif type(buffer) is Pending:
             buffer = self._buffer = buffer.resolve()
         return buffer
