@@ -557,10 +557,10 @@ def _captured(step):
 
 
 def _check_captured_training(parallel: str):
-    """A data-parallel training step captured whole (forward, backward, the gradients' collectives, SGD) and
-    replayed on each rank's batch: the parameters of one CPU process training on every rank's batch. The
-    gradients are averaged by an all_reduce each, by DDP's buckets, or by FSDP2's reduce-scatters (whose
-    all-gathered parameters it frees between uses)."""
+    """A data-parallel training step captured whole (forward, backward, the gradients' collectives, AdamW with its
+    step count on the device, as CUDA graphs need) and replayed on each rank's batch: the parameters of one CPU
+    process training on every rank's batch. The gradients are averaged by an all_reduce each, by DDP's
+    buckets, or by FSDP2's reduce-scatters (whose all-gathered parameters it frees between uses)."""
     torch.manual_seed(1)
     reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     model = copy.deepcopy(reference).to(DEVICE)
@@ -571,8 +571,8 @@ def _check_captured_training(parallel: str):
 
         for layer in (model[0], model[2], model):
             fully_shard(layer)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01), capturable=True)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01)
     batch = torch.zeros(3, 4, device=DEVICE)
 
     def train():
