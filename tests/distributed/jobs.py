@@ -771,6 +771,14 @@ def job_captured():
     v.copy_(values[RANK].to(DEVICE))
     graph.replay()
     equal(result, sum(torch.tanh(t + 1) for t in values) * 2 - 1, "captured compiled graph with a collective")
+    # ranks that captured different collectives are stopped at the first replay, before any runs
+    graph, _ = _captured(lambda: dist.all_reduce(a, op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX))
+    try:
+        graph.replay()
+    except RuntimeError as error:
+        assert "ranks disagree" in str(error) and "captured graph" in str(error), error
+    else:
+        raise AssertionError("ranks replaying different collectives were not stopped")
     # the collectives of two process groups over different ranks cannot share one program
     singles = [dist.new_group([r]) for r in range(WORLD)]
     try:

@@ -27,6 +27,8 @@ class QueuedCollective:
 
     def __init__(self, kind: str, grp: programs.Group, sources, destinations, statics):
         self.op = f"c10d.{kind}"
+        # what ranks must agree on beyond the op's name (a captured graph's digest, eager/adaptive.py)
+        self.signature = (kind, statics, [t.numel() for t in sources], [t.numel() for t in destinations])
         self.device_index = destinations[0]._spec[4]
         self.storages = []
         for t in destinations + sources:

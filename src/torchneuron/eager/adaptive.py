@@ -307,7 +307,8 @@ class CapturedGraph:
         # over a mesh each replay passes only what it reads anew, each process's shard of an array over the
         # mesh; the numbers are constants of the program
         self.given = sorted(i for i, *_ in self.reads + self.keys)
-        self.structure = [(str(e.op), args) for e, args, _ in ops] + [external_values, kept]
+        self.structure = [(str(e.op), getattr(e, "signature", None), args) for e, args, _ in ops]
+        self.structure += [external_values, kept]
 
     def replay(self) -> None:
         queue.flush()  # work queued before the replay: it may write what the graph reads
