@@ -733,8 +733,10 @@ def job_captured():
         dist.reduce_scatter(summed, list((a * 5).unbind(1)[:WORLD]))
         exchanged = [torch.empty(6, device=DEVICE) for _ in range(WORLD)]
         dist.all_to_all(exchanged, list(a.reshape(-1).add(7).chunk(WORLD)))
+        reduced = a * 3
+        dist.reduce(reduced, dst=1, op=dist.ReduceOp.MAX)
         return (gathered, scattered, broadcast, swapped, strided, funcol.all_reduce(a, "avg", group) + 0,
-                torch.cat(listed), rows.reshape(-1, 4), summed, torch.cat(exchanged))
+                torch.cat(listed), rows.reshape(-1, 4), summed, torch.cat(exchanged), reduced)
 
     graph, outs = _captured(collectives)
     for step in range(2):
@@ -752,10 +754,11 @@ def job_captured():
                     torch.cat([v + 5 for v in values]),
                     torch.cat([v * 4 for v in values]),
                     sum(v[:, RANK] * 5 for v in values),
-                    torch.cat([(v.reshape(-1) + 7).chunk(WORLD)[RANK] for v in values]))
+                    torch.cat([(v.reshape(-1) + 7).chunk(WORLD)[RANK] for v in values]),
+                    torch.stack([v * 3 for v in values]).amax(0) if RANK == 1 else values[RANK] * 3)
         for name, got, want in zip(("all_gather", "reduce_scatter", "broadcast", "all_to_all", "strided all_reduce",
                                     "functional all_reduce", "all_gather into a list", "all_gather into views",
-                                    "reduce_scatter of a list", "all_to_all of lists"), outs, expected):
+                                    "reduce_scatter of a list", "all_to_all of lists", "reduce"), outs, expected):
             equal(got, want, f"captured {name}, replay {step}")
     for parallel in ("all_reduce", "DDP", "FSDP2"):
         _check_captured_training(parallel)

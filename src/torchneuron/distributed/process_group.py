@@ -269,12 +269,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         name, factor = _op_name(opts.reduceOp)
         for t in tensors:
             _check_op(name, t.dtype)
-        # an all-reduce whose result only the root keeps: the same traffic as a ring reduce
-        arrays = [self._run("all_reduce", self._mesh(t), buffers.flat(t), name, factor) for t in tensors]
-        if self.rank() == opts.rootRank:
-            for t, values in zip(tensors, arrays):
-                buffers.write(t, values)
-        return self._work(tensors, tensors, "reduce", arrays)
+        for t in tensors:
+            self._into("reduce", [t], [t], name, factor, opts.rootRank)
+        return self._work(tensors, tensors, "reduce")
 
     def _check_count(self, tensors, what: str) -> None:
         if len(tensors) != self.size():

@@ -81,6 +81,12 @@ def rank_body(kind: str, size: int, statics: tuple):
     if kind == "all_reduce":
         op, factor = statics
         return _reducing(op, factor, size, _all_reduce(op, size))
+    if kind == "reduce":
+        # an all-reduce whose result only the root keeps (the same traffic as a ring reduce); every rank runs
+        # the same program, so that a graph capturing it is one program of all ranks
+        op, factor, root = statics
+        reduced = _reducing(op, factor, size, _all_reduce(op, size))
+        return lambda x: jnp.where(lax.axis_index(AXIS) == root, reduced(x), x)
     if kind == "reduce_scatter":
         op, factor = statics
         return _reducing(op, factor, size, _reduce_scatter(op, size))
