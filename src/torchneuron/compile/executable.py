@@ -454,8 +454,7 @@ class _Program:
         # signature (symbolic sizes saved for the backward, None gradients)
         array_outputs, constants = [], {}
         # the device-side checks of its ops (ops.checks: an index in range, a matrix that inverts), each an extra
-        # result read at the next synchronisation, as eager's; dropped in a program of several processes, whose
-        # results are all shards
+        # result read at the next synchronisation, as eager's (each process's own in a program of several)
         check_errors = []
         # the non-tensor arguments only: the program outlives this call's tensors, which must not stay alive
         statics = [None if isinstance(a, torch.Tensor) else a for a in args]

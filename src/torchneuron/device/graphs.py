@@ -75,7 +75,7 @@ def graph_pool_handle():
 
 
 def is_current_stream_capturing() -> bool:
-    return _adaptive().queue.capture is not None
+    return _adaptive().capturing()
 
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, allow_unused_input: bool = False,

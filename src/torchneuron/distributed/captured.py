@@ -56,10 +56,6 @@ class QueuedCollective:
         self.written = self.storages[:n_written]
 
 
-def capturing() -> bool:
-    return adaptive.queue.capture is not None
-
-
 def record(kind: str, grp: programs.Group, sources, destinations, statics, agree) -> None:
     """Record the collective `kind` of `sources` into `destinations` (the same tensors for an in-place one) in
     the graph being captured; `agree` checks with the group's ranks that they replay the same program."""

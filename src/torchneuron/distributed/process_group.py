@@ -188,7 +188,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return False
 
     def _work(self, outputs, written, what, arrays=()) -> Work:
-        if captured.capturing():
+        if adaptive.capturing():
             return self._issued(Work(outputs, [], self._timeout, what))  # nothing ran: each replay runs it
         arrays = list(arrays) + [t._storage.buffer for t in written]
         return self._issued(Work(outputs, arrays, self._timeout, what))
@@ -212,7 +212,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         `destinations` (the same tensors for an in-place collective): run now, or recorded in the graph being
         captured (captured.py)."""
         grp = self._mesh(destinations[0])
-        if captured.capturing():
+        if adaptive.capturing():
             captured.record(kind, grp, sources, destinations, statics, self._agree)
             return
         flat = buffers.flat(sources[0]) if len(sources) == 1 else jnp.concatenate([buffers.flat(t) for t in sources])
@@ -410,7 +410,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             return self._cpu.alltoall(output_tensors, input_tensors, opts)
         self._check_count(input_tensors, "all_to_all")
         self._check_count(output_tensors, "all_to_all")
-        if captured.capturing():
+        if adaptive.capturing():
             # eagerly, every rank takes the uneven path: whether its own sizes are even says nothing of its peers'
             if len({t.numel() for t in input_tensors + output_tensors}) != 1:
                 adaptive.refuse_while_capturing("all_to_all of uneven sizes")

@@ -307,8 +307,9 @@ class CapturedGraph:
         # over a mesh each replay passes only what it reads anew, each process's shard of an array over the
         # mesh; the numbers are constants of the program
         self.given = sorted(i for i, *_ in self.reads + self.keys)
-        self.structure = [(str(e.op), getattr(e, "signature", None), args) for e, args, _ in ops]
-        self.structure += [external_values, kept]
+        # what the ranks compare before the first replay: the ops, how they connect, what each collective does
+        self.structure = None if self.mesh is None else [
+            [(str(e.op), getattr(e, "signature", None), args) for e, args, _ in ops], external_values, kept]
 
     def replay(self) -> None:
         queue.flush()  # work queued before the replay: it may write what the graph reads
@@ -369,11 +370,16 @@ def _given(run, given, *externals):
     return run(*[externals[i] for i in given])
 
 
+def capturing() -> bool:
+    """Whether a graph is being captured (torch.neuron.graph)."""
+    return queue.capture is not None
+
+
 def refuse_while_capturing(what: str) -> None:
     """Work that would run at once instead of being recorded (a transfer, a data-dependent op, a collective
     distributed/captured.py does not record) is refused while a graph is captured: it would not run again at
     replay."""
-    if queue.capture is not None:
+    if capturing():
         raise RuntimeError(f"neuron: {what} cannot be captured in a graph (torch.neuron.graph): only ops on the "
                            "capture's device are recorded. Run it before the capture or after replay().")
 

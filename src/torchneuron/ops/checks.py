@@ -55,8 +55,9 @@ def collecting():
 def unchecked():
     """For code whose checks are dropped: a while loop's predicate as lax's loop condition runs it (which
     returns the predicate alone; `control_flow.while_loop` makes its checks again in the body) and the replay
-    of flex attention's score_mod under jax.vjp (the forward checked it). Yields an empty list, as `collecting` yields the conditions
-    it found. Control flow and vmap return theirs as values (`report`, `held`, `first_failure`, `over_all`)."""
+    of flex attention's score_mod under jax.vjp (the forward checked it). Yields an empty list, as `collecting`
+    yields the conditions it found. Control flow and vmap return theirs as values (`report`, `held`,
+    `first_failure`, `over_all`)."""
     with collecting():
         yield []
 

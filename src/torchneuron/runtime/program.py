@@ -146,12 +146,14 @@ def fast_call(compiled):
 class OverMesh:
     """`function` of this process's flat arrays compiled, for arrays like `args`, as one program of all `mesh`'s
     processes (its collectives name the mesh's one axis); called on this process's arrays, it gives this
-    process's results. Each argument and result is this process's shard of an array over the mesh; a 0-d
+    process's results. Each argument and result is this process's shard of an array over the mesh (no copy of
+    a device array; a host one, as a random op's key is, is put on this process's device of the mesh); a 0-d
     result (a device-side check's flag), which cannot be split, travels as one element and comes back 0-d.
     `out_info`: this process's results, as a compiled executable's."""
 
     def __init__(self, function, mesh, args, donate_argnums=()):
-        self.mesh = mesh
+        axis = PartitionSpec(mesh.axis_names[0])
+        self.sharding, self.size, (self.device,) = NamedSharding(mesh, axis), mesh.size, mesh.local_devices
         self.out_info = []
 
         def flat_results(*flat):
@@ -160,28 +162,16 @@ class OverMesh:
             return [r.reshape(-1) for r in results]
 
         flat_results.__name__ = function.__name__
-        axis = PartitionSpec(mesh.axis_names[0])
         mapped = jax.shard_map(_own_function(flat_results), mesh=mesh, in_specs=axis, out_specs=axis,
                                check_vma=False)
-        traced = jax.jit(mapped, donate_argnums=donate_argnums).trace(*global_avals(args, mesh))
-        self.compiled = traced.lower().compile()
+        shards = [jax.ShapeDtypeStruct((self.size * a.shape[0],), a.dtype, sharding=self.sharding) for a in args]
+        self.compiled = jax.jit(mapped, donate_argnums=donate_argnums).trace(*shards).lower().compile()
 
     def __call__(self, *arrays):
-        results = [a.addressable_data(0) for a in self.compiled(*over_mesh(arrays, self.mesh))]
+        shards = [jax.make_array_from_single_device_arrays((self.size * a.shape[0],), self.sharding,
+                                                            [self._on_device(a)]) for a in arrays]
+        results = [r.addressable_data(0) for r in self.compiled(*shards)]
         return [r if r.shape == out.shape else r.reshape(out.shape) for r, out in zip(results, self.out_info)]
 
-
-def global_avals(avals, mesh) -> list:
-    """Flat per-process avals as the arrays over `mesh` whose shards they are."""
-    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
-    return [jax.ShapeDtypeStruct((mesh.size * a.shape[0],), a.dtype, sharding=sharding) for a in avals]
-
-
-def over_mesh(arrays, mesh) -> list:
-    """This process's flat arrays as its shards of arrays over `mesh` (no copy of a device array; a host one, as a
-    random op's key is, is put on this process's device of the mesh)."""
-    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
-    (device,) = mesh.local_devices
-    return [jax.make_array_from_single_device_arrays(
-        (mesh.size * a.shape[0],), sharding, [a if isinstance(a, jax.Array) else jax.device_put(a, device)])
-        for a in arrays]
+    def _on_device(self, array):
+        return array if isinstance(array, jax.Array) else jax.device_put(array, self.device)
