@@ -104,6 +104,25 @@ def test_a_lowered_op_without_a_meta_kernel_runs_on_the_cpu(monkeypatch):
     assert torchneuron.fallback_report() == {"torchneuron_test.without_meta_kernel.default": 1}
 
 
+def test_an_op_is_looked_up_in_pytorchs_decompositions_without_building_their_whole_table(monkeypatch):
+    """Each op's decomposition is the one PyTorch's tables give it (its own or its composite kernel's), found
+    without walking every composite op: a warm start that meets .item() skips that tenth of a second."""
+    from torch._decomp import decomposition_table
+
+    whole = rules._decomposition_table()
+    ops = set(whole) | set(decomposition_table) | set(registry.LOWERINGS)
+    ops |= {packet.default for packet in (aten._local_scalar_dense, aten.linear, aten.matmul, aten.dropout)}
+    for op in ops:
+        found, expected = rules._decomposition_of(op), whole.get(op)
+        assert (found is None) == (expected is None), op
+        if expected in decomposition_table.values() or found in decomposition_table.values():
+            assert found is expected, op
+    monkeypatch.setattr(rules, "_decomposition_table", None)
+    monkeypatch.setattr(rules, "_DECOMPOSED", {})
+    assert rules.lowering_for(aten._local_scalar_dense.default) is None
+    assert rules.lowering_for(aten.linear.default) is not None
+
+
 def test_fallback_inplace_writes_back(unlowered_op):
     x = torch.randn(3, 4) * 3
     y = x.to("neuron")

@@ -97,11 +97,37 @@ def forget() -> None:
 
 @functools.cache
 def _decomposition_table():
+    """PyTorch's decompositions and its core ATen set, for the ops the lowering table lacks: what a traced
+    decomposition may decompose further."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(decomposition_table)
     table.update(core_aten_decompositions())
     return {op: fn for op, fn in table.items() if op not in registry.LOWERINGS}
+
+
+@functools.cache
+def _core_decomposed():
+    from torch._decomp import _core_aten_decompositions_post_autograd
+
+    return frozenset(_core_aten_decompositions_post_autograd())
+
+
+def _decomposition_of(op):
+    """`_decomposition_table().get(op)`, found for this op alone: building the table walks every
+    CompositeImplicitAutograd op of every namespace (a tenth of a second of a warm start, where only an op
+    without a lowering, such as .item()'s, asks)."""
+    from torch._decomp import decomposition_table
+    from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
+    from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+    if op in registry.LOWERINGS:
+        return None
+    # as core_aten_decompositions(): a functional composite op decomposes into its kernel's ops unless the core
+    # set or the ops export preserves name it
+    if op not in _core_decomposed() and op not in PRESERVED_ATEN_CIA_OPS and _is_preservable_cia_op(op):
+        return _get_decomp_for_cia(op)
+    return decomposition_table.get(op)
 
 
 def _example(value):
@@ -163,7 +189,7 @@ def lowering_for(op):
         return fn
     if op in _DECOMPOSED:
         return _DECOMPOSED[op]
-    decomposition = _decomposition_table().get(op)
+    decomposition = _decomposition_of(op)
     fn = _decomposed(op, decomposition) if decomposition is not None else None
     _DECOMPOSED[op] = fn
     return fn
