@@ -349,3 +349,45 @@ def test_the_step_boundary_hook_becomes_traceable_once_dynamo_is_loaded(monkeypa
         assert (hook != boundaries._after_step) == hasattr(torch._dynamo, "dont_skip_tracing")  # wrapped for Dynamo
     finally:
         boundaries.remove()
+
+
+WARM_START = """
+import sys, torch
+from torchneuron.eager import adaptive
+from torchneuron.runtime import compilation_cache
+
+loads, deserialized = [], compilation_cache.deserialized
+compilation_cache.deserialized = lambda *args: loads.append(1) or deserialized(*args)
+torch.manual_seed(0)
+x, w = torch.randn(6, 5), torch.randn(5)
+xn, wn = x.to("neuron"), w.to("neuron")
+for _ in range(int(sys.argv[1])):
+    got = ((xn * 1.75 + wn).relu() * 0.5 - 0.25).sum(0).cpu()
+torch.testing.assert_close(got, ((x * 1.75 + w).relu() * 0.5 - 0.25).sum(0))
+stats = adaptive.stats()
+print(stats["first_sightings"], stats["ops_fused"], len(loads))
+"""
+
+
+def test_a_warm_start_runs_a_step_an_earlier_process_fused_as_one_program(tmp_path):
+    """A process that finds an earlier one's programs on disk queues every stored op at its first call, and a
+    queue whose fused program is stored runs it at its first sighting, loading no op's own executable: a warm
+    start's first step is one stored program, not its ops one by one. The numbers, new to the second process,
+    were on the device when the first stored the program: the queue's structure is the same."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(tmp_path)}
+    env.pop("TORCHNEURON_ADAPTIVE_EAGER", None)
+
+    def run(steps: int) -> list:
+        done = subprocess.run([sys.executable, "-c", WARM_START, str(steps)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [int(n) for n in done.stdout.split()]
+
+    # op by op, compiling each op (the second product, of a signature run once, queues alone), queued and
+    # replayed (a new structure), then fused, compiled and stored
+    assert run(3) == [2, 6, 0]
+    assert run(1) == [0, 6, 1]

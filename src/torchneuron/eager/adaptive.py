@@ -1,7 +1,8 @@
 """Adaptive eager: queue ops instead of running them, then run the queue as one fused executable.
 
-An op whose eager executable has already run once (so its lowering, meta and
-compile are known good) is recorded instead of run: its outputs become
+An op whose eager executable has already run once, or was compiled by an earlier
+process and found on disk (so its lowering, meta and compile are known good), is
+recorded instead of run: its outputs become
 `Pending` buffers of new storages, and its inputs are either buffers that exist
 (the queue's external inputs) or values an earlier queued op produces. Reading
 a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
@@ -11,7 +12,8 @@ optimizer step, the queue starting over) or the queue reaching its limit runs
 the queue. The first time a queue's structure is seen its ops run one by one
 through their compiled executables; when the same structure comes round again
 (the next iteration of a loop) the queued programs are traced into one function, compiled once and cached by that
-structure, so later iterations run one fused executable each. Only values some live storage still
+structure, so later iterations run one fused executable each. A structure whose fused executable an earlier
+process stored runs it at once: a warm start's first step loads a few programs, not each op's. Only values some live storage still
 holds are returned; XLA drops the rest. Op order, random numbers and errors
 are those of op-by-op eager (each op traces the same program; meta errors are
 raised at the op, before it is queued); XLA may fuse arithmetic across ops, so
@@ -43,7 +45,7 @@ from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import OverMesh, compile_on_device, fast_call
 from ..runtime.storage import Pending, live_storages
-from ..runtime.transfer import scalar_key
+from ..runtime.transfer import device_scalars, scalar_key
 
 _NUMBERS = (float, int, bool)
 # the autograd engine's graph task running on this thread, -1 outside a backward
@@ -109,9 +111,20 @@ class Queue:
                         capture.reads[number] = storages[p]
                 args.append(number)
             for extra in extras:
-                key = scalar_key(type(extra), extra, self.device_index) if type(extra) in _NUMBERS else id(extra)
-                number = inputs.get(key)
-                args.append(self._new_input(key, extra) if number is None else number)
+                if type(extra) in _NUMBERS:
+                    # a number is one input however it reaches the program (as itself the first time
+                    # device_scalars sees it, then put on the device): a queue's structure, and the
+                    # fused program it names, do not depend on which numbers were new
+                    key = scalar_key(type(extra), extra, self.device_index)
+                    number = inputs.get(key)
+                    if number is None:
+                        number = self._new_input(key, device_scalars([extra], self.device_index)[0])
+                else:
+                    key = id(extra)
+                    number = inputs.get(key)
+                    if number is None:
+                        number = self._new_input(key, extra)
+                args.append(number)
             if capture is not None and executable.random:
                 capture.keys[args[-1]] = generator
             first = self.n_values
@@ -175,15 +188,16 @@ class Queue:
             self.flushes += 1
             self.values_kept += len(live)
             fused = fused_cache.get(key)
-            if fused is None and self._first_sighting(key):
+            path = None if fused is not None else _disk_path(ops, external_values, kept, externals, device_index)
+            if fused is None and not compilation_cache.stored(path) and self._first_sighting(key):
                 # a structure seen once may never come back (a test, a loop whose shapes change each
                 # iteration): its ops run through their compiled executables, and only a structure
-                # that recurs pays for compiling a fused program
+                # that recurs, or that an earlier process compiled, is run fused
                 self.first_sightings += 1
                 results = _replay(ops, n_values, external_values, externals, kept, device_index)
             else:
                 run = fused if fused is not None else functools.partial(
-                    _compile_and_run, key, ops, n_values, external_values, kept, device_index)
+                    _compile_and_run, key, ops, n_values, external_values, kept, device_index, path)
                 try:
                     results = (events.flush(run, externals, len(ops), device_index, fused is None)
                                if events.listening else run(*externals))
@@ -218,10 +232,11 @@ def _fused_program(ops, n_values, external_values, kept, name=None):
     return fused
 
 
-def _compile_and_run(key, ops, n_values, external_values, kept, device_index, *externals):
-    """A queue structure's second sighting: its fused program compiled (or loaded from disk), run, and cached."""
+def _compile_and_run(key, ops, n_values, external_values, kept, device_index, path, *externals):
+    """A queue structure's second sighting, or first where `path` holds it: its fused program compiled (or loaded
+    from disk), run, and cached."""
     fused, results = _compiled_at_first_run(_fused_program(ops, n_values, external_values, kept), device_index,
-                                            externals, _disk_path(ops, external_values, kept, externals, device_index))
+                                            externals, path)
     fused_cache.put(key, fused)
     return results
 
@@ -232,7 +247,7 @@ def _disk_path(ops, external_values, kept, externals, device_index: int):
     names = [getattr(executable, "disk_key", None) for executable, _, _ in ops]
     if None in names:
         return None
-    inputs = [type(x).__name__ if type(x) in _NUMBERS else repr(jax.typeof(x)) for x in externals]
+    inputs = [repr(jax.typeof(x)) for x in externals]  # a number and the device's copy of it alike
     structure = repr(([args for _, args, _ in ops], external_values, kept, inputs))
     return compilation_cache.entry_path("fused", platform_name(), jax_device(device_index), structure, *names)
 

@@ -238,17 +238,20 @@ class Executable:
         # the common case, one new tensor and nothing resized: built directly
         self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         self.compiled = self._compile_and_run
-        self.ran = False  # adaptive eager queues it once it has run: its compile is known good
+        self.ran = False
         # the signature as text, which names this program on disk (and in adaptive eager's fused programs' keys)
         self.disk_key = _disk_key(rule, anywhere if traced_offsets else key)
         self._path = self.disk_key and compilation_cache.entry_path(
             "ops", platform_name(), jax_device(self.device_index), self.disk_key)
-        stored = compilation_cache.load(self._path, jax_device(self.device_index))
-        self._loaded = stored and stored[0]
-        self.loaded_from_disk = bool(self._loaded)
-        if self._loaded:
-            check_errors[:] = stored[1]
-            self.output_sizes = [math.prod(out.shape) for out in self._loaded.out_info]
+        # found on disk, the executable is loaded at its first run, which a fused program found on disk may
+        # make unnecessary (adaptive eager at a warm start)
+        stored = compilation_cache.read(self._path)
+        self._stored = stored[0] if stored else None
+        self.loaded_from_disk = self._stored is not None
+        # adaptive eager queues it once it has run, or was compiled by an earlier process: its compile is known good
+        self.known_good = self.loaded_from_disk
+        if self.loaded_from_disk:
+            check_errors[:], self.output_sizes = stored[1]
             return
         # the numbers as themselves, as a first run passes them (transfer.device_scalars): not a sighting
         extras = self._numbers(tensors, scalars) + ([_KEY] if self.random else [])
@@ -263,7 +266,7 @@ class Executable:
 
     def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.queue
-        if queue.enabled and self.ran or queue.capture is not None:
+        if queue.enabled and self.known_good or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
@@ -277,7 +280,7 @@ class Executable:
                 raise
             # the first call compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None
-        self.ran = True
+        self.ran = self.known_good = True
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
@@ -286,19 +289,27 @@ class Executable:
         """The first run compiles the program from its trace, which is then dropped (program.jit_on_device), and
         stores it on disk; or runs the executable loaded from there (traced and compiled after all if it cannot
         run)."""
-        loaded, self._loaded = self._loaded, None
-        if loaded is None:
+        stored, self._stored = self._stored, None
+        if stored is None:
             compiled = self._compile(self._traced)
             del self._traced
             results = compiled(*flat)
         else:
-            compiled, results = compilation_cache.run_first(
-                self._path, loaded, flat, lambda: self._compile(self.program.jit(self.device_index).trace(*flat)))
+            def compile_afresh():
+                return self._compile(self.program.jit(self.device_index).trace(*flat))
+
+            loaded = compilation_cache.deserialized(stored, jax_device(self.device_index))
+            if loaded is None:  # another runtime's
+                compiled = compile_afresh()
+                results = compiled(*flat)
+            else:
+                compiled, results = compilation_cache.run_first(self._path, loaded, flat, compile_afresh)
         self.compiled = fast_call(compiled)
         return results
 
     def _compile(self, traced):
-        return compilation_cache.compile_and_store(self._path, traced.lower().compile, list(self.check_errors))
+        return compilation_cache.compile_and_store(self._path, traced.lower().compile,
+                                                   (list(self.check_errors), self.output_sizes))
 
     def _is_final(self, exc) -> bool:
         return fallback.is_final(self.rule, exc)
@@ -306,14 +317,17 @@ class Executable:
     def _record(self, queue, tensors, storages, scalars, generator):
         """Adaptive eager: queue this run; its results are Pending buffers, its outputs tensors as usual."""
         key = rng.next_key(self.device_index, generator) if self.random else None
-        extras = self._extras(tensors, scalars, key)
+        # the numbers as themselves: the queue puts each on the device once, however many ops take it
+        extras = self._extras(tensors, scalars, key, on_device=False)
         return self._outputs(queue.record(self, storages, extras, generator), tensors, storages)
 
-    def _extras(self, tensors, scalars, key) -> list:
-        """The program's arguments after the storages' buffers: its numbers (see transfer.device_scalars),
-        then the random key (if not None)."""
+    def _extras(self, tensors, scalars, key, on_device=True) -> list:
+        """The program's arguments after the storages' buffers: its numbers (`on_device`: as
+        transfer.device_scalars gives them), then the random key (if not None)."""
         numbered = scalars or self.traced_offsets
-        extras = device_scalars(self._numbers(tensors, scalars), self.device_index) if numbered else []
+        extras = self._numbers(tensors, scalars) if numbered else []
+        if on_device and extras:
+            extras = device_scalars(extras, self.device_index)
         if key is not None:
             extras.append(key)
         return extras

@@ -135,22 +135,38 @@ def entry_path(kind: str, platform: str, device, *key: str):
 def load(path, device):
     """The entry stored at `path` (None if there is none, or `path` is None): (its executable loaded onto the PJRT
     `device`, None where it cannot be, as on another runtime; what was stored with it)."""
+    entry = read(path)
+    return entry and (deserialized(entry[0], device), entry[1])
+
+
+def read(path):
+    """The entry stored at `path` as it lies on disk (None if there is none, or `path` is None): (its serialized
+    executable, what was stored with it). Reading is cheap; loading the executable (`deserialized`) is not:
+    milliseconds each on XLA:CPU, which links its code again."""
     if path is None:
         return None
     try:
         with open(path, "rb") as f:
-            executable, stored_with = pickle.load(f)
+            return pickle.load(f)
     except FileNotFoundError:
         return None
     except (OSError, EOFError, pickle.UnpicklingError, ValueError):
         # unreadable (a damaged disk, a file truncated outside our atomic writes): a miss, compiled again
         return None
-    if executable is not None:
-        try:
-            executable = serialize_executable.deserialize_and_load(*executable, execution_devices=[device])
-        except Exception:  # each runtime refuses in its own words; the caller compiles the program instead
-            executable = None
-    return executable, stored_with
+
+
+def stored(path) -> bool:
+    return path is not None and os.path.exists(path)
+
+
+def deserialized(executable, device):
+    """A serialized executable (`read`) loaded onto the PJRT `device`; None where it cannot be (or is None)."""
+    if executable is None:
+        return None
+    try:
+        return serialize_executable.deserialize_and_load(*executable, execution_devices=[device])
+    except Exception:  # each runtime refuses in its own words; the caller compiles the program instead
+        return None
 
 
 def run_first(path, loaded, args, recompile):
