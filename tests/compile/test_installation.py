@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from torchneuron.runtime import compilation_cache
 
 from . import entry_point
@@ -120,12 +122,15 @@ print(json.dumps({"losses": losses, "weight": model[0].weight.cpu().tolist(),
 
 def test_adaptive_eager_programs_come_from_the_disk_in_a_second_process(tmp_path):
     """A training loop's op programs and the fused programs adaptive eager makes of its steps are stored as
-    compiled: a second process runs the same loop, fused alike, without lowering or compiling any program."""
+    compiled: a second process runs the same loop without lowering or compiling any program, fused from its
+    first step on (the first process ran its first step op by op and its second queue by queue)."""
     cold = json.loads(_run(ADAPTIVE_TRAINING, _caches(tmp_path)))
     warm = json.loads(_run(ADAPTIVE_TRAINING, _caches(tmp_path)))
-    assert cold["ops_fused"] == warm["ops_fused"] > 0
+    assert warm["ops_fused"] > cold["ops_fused"] > 0
     assert cold["xla_compile_requests"] > 0 and warm["xla_compile_requests"] == 0
-    assert (warm["losses"], warm["weight"]) == (cold["losses"], cold["weight"])
+    # fused, XLA may round differently in the last bits than op by op (docs/adaptive_eager.md)
+    torch.testing.assert_close((warm["losses"], warm["weight"]), (cold["losses"], cold["weight"]), rtol=1e-5,
+                               atol=1e-7)
 
 
 USER_LOWERING = """
