@@ -356,16 +356,22 @@ import sys, torch
 from torchneuron.eager import adaptive
 from torchneuron.runtime import compilation_cache
 
-loads, deserialized = [], compilation_cache.deserialized
+loads, together = [], []
+deserialized, deserialized_together = compilation_cache.deserialized, compilation_cache.deserialized_together
 compilation_cache.deserialized = lambda *args: loads.append(1) or deserialized(*args)
+compilation_cache.deserialized_together = lambda e, d: together.append(len(e)) or deserialized_together(e, d)
 torch.manual_seed(0)
 x, w = torch.randn(6, 5), torch.randn(5)
 xn, wn = x.to("neuron"), w.to("neuron")
 for _ in range(int(sys.argv[1])):
-    got = ((xn * 1.75 + wn).relu() * 0.5 - 0.25).sum(0).cpu()
+    if sys.argv[2] == "keep":  # a value the queue must return too: another structure
+        hidden = xn * 1.75 + wn
+        got = (hidden.relu() * 0.5 - 0.25).sum(0).cpu()
+    else:
+        got = ((xn * 1.75 + wn).relu() * 0.5 - 0.25).sum(0).cpu()
 torch.testing.assert_close(got, ((x * 1.75 + w).relu() * 0.5 - 0.25).sum(0))
 stats = adaptive.stats()
-print(stats["first_sightings"], stats["ops_fused"], len(loads))
+print(stats["first_sightings"], stats["ops_fused"], len(loads), sum(together))
 """
 
 
@@ -381,13 +387,15 @@ def test_a_warm_start_runs_a_step_an_earlier_process_fused_as_one_program(tmp_pa
     env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(tmp_path)}
     env.pop("TORCHNEURON_ADAPTIVE_EAGER", None)
 
-    def run(steps: int) -> list:
-        done = subprocess.run([sys.executable, "-c", WARM_START, str(steps)], env=env, capture_output=True,
-                              text=True, timeout=300)
+    def run(steps: int, hidden: str) -> list:
+        done = subprocess.run([sys.executable, "-c", WARM_START, str(steps), hidden], env=env,
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return [int(n) for n in done.stdout.split()]
 
     # op by op, compiling each op (the second product, of a signature run once, queues alone), queued and
     # replayed (a new structure), then fused, compiled and stored
-    assert run(3) == [2, 6, 0]
-    assert run(1) == [0, 6, 1]
+    assert run(3, "drop") == [2, 6, 0, 0]
+    assert run(1, "drop") == [0, 6, 1, 0]
+    # a queue no process fused runs op by op, its ops' five executables loaded together
+    assert run(1, "keep") == [1, 0, 5, 5]

@@ -270,6 +270,8 @@ def _compiled_at_first_run(program, device_index: int, externals, path=None):
 
 def _replay(ops, n_values, external_values, externals, kept, device_index):
     """The queue op by op, each through its own (already compiled) executable."""
+    executables = list(dict.fromkeys(e for e, _, _ in ops))
+    type(executables[0]).load_stored(executables, device_index)  # executable.Executable, which imports this module
     if not events.listening:
         return _evaluate(ops, n_values, external_values, externals, kept, lambda e, args: e.compiled(*args))
     return events.flush_op_by_op(_evaluate, (ops, n_values, external_values, externals, kept, events.launch),

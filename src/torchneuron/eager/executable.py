@@ -247,6 +247,7 @@ class Executable:
         # make unnecessary (adaptive eager at a warm start)
         stored = compilation_cache.read(self._path)
         self._stored = stored[0] if stored else None
+        self._loaded = None  # its stored executable, loaded ahead of its first run (`load_stored`)
         self.loaded_from_disk = self._stored is not None
         # adaptive eager queues it once it has run, or was compiled by an earlier process: its compile is known good
         self.known_good = self.loaded_from_disk
@@ -290,6 +291,7 @@ class Executable:
         stores it on disk; or runs the executable loaded from there (traced and compiled after all if it cannot
         run)."""
         stored, self._stored = self._stored, None
+        loaded, self._loaded = self._loaded, None
         if stored is None:
             compiled = self._compile(self._traced)
             del self._traced
@@ -298,7 +300,7 @@ class Executable:
             def compile_afresh():
                 return self._compile(self.program.jit(self.device_index).trace(*flat))
 
-            loaded = compilation_cache.deserialized(stored, jax_device(self.device_index))
+            loaded = loaded or compilation_cache.deserialized(stored, jax_device(self.device_index))
             if loaded is None:  # another runtime's
                 compiled = compile_afresh()
                 results = compiled(*flat)
@@ -306,6 +308,16 @@ class Executable:
                 compiled, results = compilation_cache.run_first(self._path, loaded, flat, compile_afresh)
         self.compiled = fast_call(compiled)
         return results
+
+    @staticmethod
+    def load_stored(executables, device_index: int) -> None:
+        """Loads the executables found on disk of those of `executables` that have not run yet, together: a
+        warm start's first queue of a kind no earlier process fused runs its ops one by one, each loading its
+        own (adaptive eager)."""
+        waiting = [e for e in executables if e._stored is not None and e._loaded is None]
+        loaded = compilation_cache.deserialized_together([e._stored for e in waiting], jax_device(device_index))
+        for executable, its_own in zip(waiting, loaded):
+            executable._loaded = its_own
 
     def _compile(self, traced):
         return compilation_cache.compile_and_store(self._path, traced.lower().compile,
