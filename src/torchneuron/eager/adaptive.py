@@ -2,23 +2,25 @@
 
 An op whose eager executable has already run once, or was compiled by an earlier
 process and found on disk (so its lowering, meta and compile are known good), is
-recorded instead of run: its outputs become
-`Pending` buffers of new storages, and its inputs are either buffers that exist
-(the queue's external inputs) or values an earlier queued op produces. Reading
-a pending buffer (a transfer, `item()`, an op that is not queued, the CPU
-fallback, `torch.neuron.synchronize()`), an op that donates buffers, a loop
-boundary (the recording thread changing, a backward starting or ending, an
-optimizer step, the queue starting over) or the queue reaching its limit runs
-the queue. The first time a queue's structure is seen its ops run one by one
-through their compiled executables; when the same structure comes round again
-(the next iteration of a loop) the queued programs are traced into one function, compiled once and cached by that
-structure, so later iterations run one fused executable each. A structure whose fused executable an earlier
-process stored runs it at once: a warm start's first step loads a few programs, not each op's. Only values some live storage still
-holds are returned; XLA drops the rest. Op order, random numbers and errors
-are those of op-by-op eager (each op traces the same program; meta errors are
-raised at the op, before it is queued); XLA may fuse arithmetic across ops, so
-floating-point results can differ in the last bits. If the fused program fails,
-the queue is replayed op by op.
+recorded instead of run: its outputs become `Pending` buffers of new storages,
+and its inputs are either buffers that exist (the queue's external inputs) or
+values an earlier queued op produces. Reading a pending buffer (a transfer,
+`item()`, an op that is not queued, the CPU fallback,
+`torch.neuron.synchronize()`), an op that donates buffers, a loop boundary (the
+recording thread changing, a backward starting or ending, an optimizer step,
+the queue starting over) or the queue reaching its limit runs the queue. The
+first time a queue's structure is seen its ops run one by one through their
+compiled executables; when the same structure comes round again (the next
+iteration of a loop) the queued programs are traced into one function,
+compiled once and cached by that structure, so later iterations run one fused
+executable each. A structure whose fused executable an earlier process stored
+runs it at once: a warm start's first step loads a few programs, not each
+op's. Only values some live storage still holds are returned; XLA drops the
+rest. Op order, random numbers and errors are those of op-by-op eager (each op
+traces the same program; meta errors are raised at the op, before it is
+queued); XLA may fuse arithmetic across ops, so floating-point results can
+differ in the last bits. If the fused program fails, the queue is replayed op
+by op.
 
 A graph capture (torch.neuron.graph) records into the same queue, which nothing may cut while it
 captures, and keeps it as a CapturedGraph: one program replayed on the storages it read and wrote.
