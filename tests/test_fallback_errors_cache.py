@@ -260,6 +260,32 @@ def test_stored_executables_that_cannot_run_are_compiled_again(own_disk_cache, u
     assert torch.neuron.adaptive_eager_stats()["replays"] == replays
 
 
+def test_stored_op_programs_this_runtime_cannot_load_are_compiled_again(own_disk_cache, monkeypatch):
+    """An op program on disk that this runtime refuses to load (another runtime's) still counts as compiled,
+    so adaptive eager queues it; at its first run, alone or in a queue run op by op, it is traced and
+    compiled: right results on neuron, no CPU fallback."""
+    from jax.experimental import serialize_executable
+
+    x, w = torch.randn(3, 17), torch.randn(17)  # shapes of its own: JAX's cache must not hold its programs
+
+    def step(a, b):
+        return ((a * 2.5 - b).tanh() * 0.5).sum(1)
+
+    expected = step(x, w)
+    torch.testing.assert_close(step(x.to("neuron"), w.to("neuron")).cpu(), expected)
+    assert _op_programs_on_disk(own_disk_cache)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("built for another runtime")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", refuse)
+    monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
+    for adaptive in (True, False):
+        torch.neuron.clear_executable_cache()
+        with torch.neuron.adaptive_eager(adaptive):
+            torch.testing.assert_close(step(x.to("neuron"), w.to("neuron")).cpu(), expected)
+
+
 def test_executables_are_released_near_the_memory_map_limit(monkeypatch):
     """Past a share of vm.max_map_count every cached executable is dropped (XLA:CPU crashed when a process
     compiling tens of thousands of shapes ran out of mappings); ops go on, compiling again."""
