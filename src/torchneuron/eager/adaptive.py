@@ -279,11 +279,7 @@ def _compiled_at_first_run(program, device_index: int, externals, path=None):
         return compilation_cache.compile_and_store(path, lambda: compile_on_device(program, device_index, externals))
 
     loaded, _ = compilation_cache.load(path, jax_device(device_index)) or (None, None)
-    if loaded is None:
-        compiled = compile()
-        results = compiled(*externals)
-    else:
-        compiled, results = compilation_cache.run_first(path, loaded, externals, compile)
+    compiled, results = compilation_cache.run_first(path, loaded, externals, compile)
     return fast_call(compiled), results
 
 

@@ -301,11 +301,7 @@ class Executable:
                 return self._compile(self.program.jit(self.device_index).trace(*flat))
 
             loaded = loaded or compilation_cache.deserialized(stored, jax_device(self.device_index))
-            if loaded is None:  # another runtime's
-                compiled = compile_afresh()
-                results = compiled(*flat)
-            else:
-                compiled, results = compilation_cache.run_first(self._path, loaded, flat, compile_afresh)
+            compiled, results = compilation_cache.run_first(self._path, loaded, flat, compile_afresh)
         self.compiled = fast_call(compiled)
         return results
 

@@ -180,21 +180,23 @@ def deserialized(executable, device):
 
 
 def run_first(path, loaded, args, recompile):
-    """The first run of the executable `loaded` from `path` on `args`: (the executable to keep, its results). One
-    that loads but cannot run (a kernel XLA did not serialize with it: "Function ... not found"), having consumed
-    none of its arguments (donated buffers), leaves the disk and `recompile()`'s executable runs instead; an
-    error that remains is the program's own, and raised."""
-    try:
-        return loaded, loaded(*args)
-    except Exception:
-        if any(isinstance(a, jax.Array) and a.is_deleted() for a in args):
-            raise
+    """The first run of the executable `loaded` from `path` on `args`: (the executable to keep, its results). Where
+    none was loaded (None: nothing stored, or another runtime's), `recompile()`'s executable runs; so it does
+    where the loaded one cannot run (a kernel XLA did not serialize with it: "Function ... not found") having
+    consumed none of its arguments (donated buffers), and its entry leaves the disk; an error that remains is
+    the program's own, and raised."""
+    if loaded is not None:
         try:
-            os.remove(path)
-        except FileNotFoundError:  # another process found it first
-            pass
-        compiled = recompile()
-        return compiled, compiled(*args)
+            return loaded, loaded(*args)
+        except Exception:
+            if any(isinstance(a, jax.Array) and a.is_deleted() for a in args):
+                raise
+            try:
+                os.remove(path)
+            except FileNotFoundError:  # another process found it first
+                pass
+    compiled = recompile()
+    return compiled, compiled(*args)
 
 
 def compile_and_store(path, compile, stored_with=None, without_executable=False):
