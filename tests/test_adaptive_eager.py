@@ -7,6 +7,7 @@ import torch.nn as nn
 from jax.extend import core as jax_core
 
 from torchneuron.eager import adaptive, fallback
+from torchneuron.runtime import pending_checks
 from torchneuron.runtime.storage import Pending
 
 
@@ -219,6 +220,40 @@ def test_ops_with_device_side_checks_are_queued_and_raise_at_synchronisation(que
     with pytest.raises(IndexError, match="reported at synchronisation"):
         torch.neuron.synchronize()
     assert torch.ones(2, device="neuron").sum().item() == 2.0  # the failure was consumed
+
+
+def test_unread_device_checks_past_their_limit_do_not_cut_the_queue(queued, monkeypatch):
+    """Past pending_checks.LIMIT only checks already computed are read: reading a queued one would run the
+    queue where no loop boundary is, a queue of a new structure to compile (a training step with three
+    checked ops met one every 341 steps)."""
+    monkeypatch.setattr(pending_checks, "LIMIT", 4)
+    table = torch.randn(5, 3)
+    on_device, indices = table.to("neuron"), torch.tensor([1, 3], device="neuron")
+
+    def lookup():
+        return torch.nn.functional.embedding(indices, on_device) * 2
+
+    lookup()  # the first run of each op executes (and compiles) it
+    flushes = queued()["flushes"]
+    results = [lookup() for _ in range(10)]
+    assert queued()["flushes"] == flushes
+    assert all(_is_pending(r) for r in results)
+    bad = torch.nn.functional.embedding(torch.tensor([1, 7], device="neuron"), on_device)
+    assert _is_pending(bad)
+    with pytest.raises(IndexError, match="reported at synchronisation"):
+        torch.neuron.synchronize()
+    torch.testing.assert_close(results[-1].cpu(), table[[1, 3]] * 2)
+
+
+def test_unread_device_checks_past_their_limit_are_read_at_the_op_when_computed(monkeypatch):
+    monkeypatch.setattr(pending_checks, "LIMIT", 4)
+    on_device = torch.randn(5, 3, device="neuron")
+    with torch.neuron.adaptive_eager(False):
+        torch.nn.functional.embedding(torch.tensor([1, 7], device="neuron"), on_device)
+        with pytest.raises(IndexError, match="reported at synchronisation"):
+            for _ in range(4):
+                torch.nn.functional.embedding(torch.tensor([1, 2], device="neuron"), on_device)
+        assert not pending_checks._pending.get(0)
 
 
 def test_synchronize_runs_the_queue(queued):

@@ -17,8 +17,13 @@ def add(device_index: int, op, conditions, errors) -> None:
     """`conditions`: the op's check results, arrays or (queued by adaptive eager) Pending buffers."""
     queue = _pending[device_index]
     queue.append((op, conditions, errors))
-    if BLOCKING or len(queue) > LIMIT:
+    if BLOCKING:
         raise_failures(device_index)
+    elif len(queue) > LIMIT:
+        # only checks already computed: reading a queued one would run adaptive eager's queue where no loop
+        # boundary is, a queue of a new structure (compiled: a training loop with three checked ops
+        # stalled every 341 steps), and would break a graph capture
+        _raise_failures_of(device_index, _computed_prefix(queue))
 
 
 def take(device_index: int, condition_taken) -> list:
@@ -31,13 +36,27 @@ def take(device_index: int, condition_taken) -> list:
     return taken
 
 
+def _computed_prefix(queue: list) -> int:
+    """How many of the first checks of `queue` have every condition computed."""
+    for i, (_, conditions, _) in enumerate(queue):
+        if any(type(c) is Pending and c.array is None for c in conditions):
+            return i
+    return len(queue)
+
+
 def raise_failures(device_index: int) -> None:
     """Raise the first failed check queued on the device (all are consumed)."""
-    queue = _pending.pop(device_index, None)
-    if not queue:
-        return
+    _raise_failures_of(device_index, len(_pending.get(device_index, ())))
+
+
+def _raise_failures_of(device_index: int, count: int) -> None:
+    """Raise the first failed check of the device's first `count` (which are consumed, the rest kept)."""
+    queue = _pending.pop(device_index, [])
+    read, kept = queue[:count], queue[count:]
+    if kept:
+        _pending[device_index] = kept
     when = "at the op (TORCHNEURON_LAUNCH_BLOCKING=1)" if BLOCKING else "at synchronisation"
-    for op, conditions, errors in queue:
+    for op, conditions, errors in read:
         for condition, (error_type, message) in zip(conditions, errors):
             condition = np.asarray(condition.resolve() if type(condition) is Pending else condition)
             if not bool(condition[0] if condition.ndim else condition):
