@@ -9,23 +9,13 @@ calls; ratios are within this one run. "neuron graph" replays the op captured in
 the host cost of one program launch from a graph, for ops that take no new number at each call.
 """
 import argparse
-import time
 
 import torch
 
 import torchneuron  # noqa: F401
 
 from .micro import jax_cases, torch_cases
-
-
-def thread_time_per_call(fn, calls: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.thread_time()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.thread_time() - start) / calls)
-    return best * 1e6
+from .timing import thread_time_per_call
 
 
 # the micro benchmark's ops whose fixed cost the fast-path work is judged by

@@ -16,7 +16,7 @@ import torchneuron  # noqa: F401
 from torchneuron.profiler.collector import Collector
 from torchneuron.runtime import events
 
-from .fixed_cost import thread_time_per_call
+from .timing import thread_time_per_call
 
 SITES_PER_OP = 4
 BUDGET_US = 0.3

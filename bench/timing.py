@@ -29,3 +29,14 @@ def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2, wait=
         finish(result)
         samples.append((time.perf_counter() - start) / inner)
     return {"min": min(samples), "median": statistics.median(samples), "repeats": repeats, "inner": inner}
+
+
+def thread_time_per_call(fn, calls: int, repeats: int) -> float:
+    """µs of the calling thread's CPU time per call of `fn`, min over `repeats` runs of `calls` calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - start) / calls)
+    return best * 1e6
