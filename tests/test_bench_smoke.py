@@ -38,6 +38,17 @@ def test_fixed_cost_prints_every_op():
 
 
 
+def test_dispatch_floor_times_both_dispatch_designs():
+    """The plain-tensor row comes from a process of its own, on a tensor its extension builds (compiled once)."""
+    out = subprocess.run([sys.executable, "-m", "bench.dispatch_floor", "--calls", "5", "--repeats", "1"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    rows = {r[1].strip(): float(r[2]) for r in (line.split("|") for line in out.splitlines())
+            if len(r) == 5 and r[2].strip().replace(".", "").isdigit()}
+    assert set(rows) == {"neuron tensor, no-op dispatch", "plain tensor, Python fallback kernel", "bare jax.jit",
+                         "neuron eager", "neuron adaptive eager", "torch cpu"}, out
+    assert all(us > 0 for us in rows.values()), out
+
+
 def test_gpt_products_bench_times_every_product_on_both_sides():
     out = subprocess.run([sys.executable, "-m", "bench.gpt_step", "--products"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
