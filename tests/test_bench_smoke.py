@@ -49,6 +49,16 @@ def test_dispatch_floor_times_both_dispatch_designs():
     assert all(us > 0 for us in rows.values()), out
 
 
+def test_generate_bench_times_both_caches_cold_warm_and_on_the_cpu():
+    out = subprocess.run([sys.executable, "-m", "bench.generate", "--tokens", "2"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| neuron") or line.startswith("| cpu")]
+    assert [r[1].strip() for r in rows] == [f"{device}, {cache} cache{start}" for cache in ("dynamic", "static")
+                                            for device, start in (("neuron", ", cold"), ("neuron", ", warm"),
+                                                                  ("cpu", ""))], out
+    assert all(float(r[2]) > 0 for r in rows), out
+
+
 def test_gpt_products_bench_times_every_product_on_both_sides():
     out = subprocess.run([sys.executable, "-m", "bench.gpt_step", "--products"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout

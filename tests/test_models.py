@@ -194,3 +194,15 @@ def test_generate(name):
         samples.append(model.generate(prompt.to("neuron"), do_sample=True, top_k=8, **options).cpu())
     assert torch.equal(samples[0], samples[1])
     assert samples[0].shape == expected.shape and 0 <= samples[0].min() and samples[0].max() < VOCAB
+
+
+@pytest.mark.parametrize("name", GENERATORS)
+def test_generate_with_a_static_cache(name):
+    """The cache XLA devices are advised to generate with: its shapes stay those of the longest sequence
+    (written in place at each token), where the default cache's grow and compile new programs at every token."""
+    model = _model(name).eval()
+    prompt = _tokens(length=5, seed=2)
+    options = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, cache_implementation="static")
+    expected = model.generate(prompt, **options)
+    model.to("neuron")
+    assert torch.equal(model.generate(prompt.to("neuron"), **options).cpu(), expected)

@@ -1,0 +1,70 @@
+"""Greedy generation with Hugging Face's default (growing) cache and its static cache, cold and warm.
+
+    python -m bench.generate              # a 2-layer GPT-2 (d64), 8 prompt tokens, 100 new tokens
+    python -m bench.generate --tokens 4   # a quick check that every variant runs
+
+An XLA device compiles a program for every new shape. The default cache grows by one position at each
+token, so each token's attention ops are new signatures; the static cache (`cache_implementation=
+"static"`) keeps the shapes of the longest sequence and writes each token in place. Each neuron figure
+is a fresh process: "cold" with an empty TORCHNEURON_CACHE_DIR, "warm" with the cache the cold one left
+(the programs read from disk). PyTorch CPU eager for scale.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _generate(device: str, cache: str, tokens: int) -> dict:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from torchneuron.runtime.cache import eager_cache
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=1024, bos_token_id=0,
+                        eos_token_id=0, pad_token_id=0)
+    model = GPT2LMHeadModel(config).eval().to(device)
+    prompt = torch.randint(1, 128, (1, 8)).to(device)
+    options = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                   cache_implementation=None if cache == "dynamic" else cache)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(prompt, **options)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": out.shape[1] - prompt.shape[1], "programs": len(eager_cache.entries)}
+
+
+def _in_own_process(device: str, cache: str, tokens: int, cache_dir: str) -> dict:
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=cache_dir)
+    done = subprocess.run([sys.executable, "-m", "bench.generate", "--one", device, cache, "--tokens", str(tokens)],
+                          env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--one", nargs=2, metavar=("DEVICE", "CACHE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(_generate(*args.one, args.tokens)))
+        return {}
+    rows = {}
+    for cache in ("dynamic", "static"):
+        with tempfile.TemporaryDirectory() as cache_dir:
+            for start in ("cold", "warm"):
+                rows[f"neuron, {cache} cache, {start}"] = _in_own_process("neuron", cache, args.tokens, cache_dir)
+            rows[f"cpu, {cache} cache"] = _in_own_process("cpu", cache, args.tokens, cache_dir)
+    print(f"| {args.tokens} new tokens | s | ms per token | programs compiled or loaded |\n|---|---:|---:|---:|")
+    for name, row in rows.items():
+        programs = row["programs"] if name.startswith("neuron") else "-"
+        print(f"| {name} | {row['seconds']:.2f} | {row['seconds'] / row['tokens'] * 1e3:.1f} | {programs} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
