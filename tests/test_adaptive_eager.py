@@ -234,15 +234,21 @@ def test_unread_device_checks_past_their_limit_do_not_cut_the_queue(queued, monk
         return torch.nn.functional.embedding(indices, on_device) * 2
 
     lookup()  # the first run of each op executes (and compiles) it
-    flushes = queued()["flushes"]
-    results = [lookup() for _ in range(10)]
-    assert queued()["flushes"] == flushes
-    assert all(_is_pending(r) for r in results)
+    for _ in range(4):  # steps of three checked lookups, each step's queue run at its end (a loop boundary)
+        flushes = queued()["flushes"]
+        results = [lookup() for _ in range(3)]
+        assert queued()["flushes"] == flushes and all(_is_pending(r) for r in results)
+        adaptive.queue.flush()
+    assert len(pending_checks._pending[0]) <= 4 + 3  # those computed were read past the limit
     bad = torch.nn.functional.embedding(torch.tensor([1, 7], device="neuron"), on_device)
     assert _is_pending(bad)
     with pytest.raises(IndexError, match="reported at synchronisation"):
         torch.neuron.synchronize()
     torch.testing.assert_close(results[-1].cpu(), table[[1, 3]] * 2)
+    # more queued checks than the limit: they are read, running the queue
+    flushes = queued()["flushes"]
+    [lookup() for _ in range(5)]
+    assert queued()["flushes"] == flushes + 1 and not pending_checks._pending.get(0)
 
 
 def test_unread_device_checks_past_their_limit_are_read_at_the_op_when_computed(monkeypatch):
