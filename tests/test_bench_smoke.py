@@ -38,6 +38,7 @@ def test_fixed_cost_prints_every_op():
 
 
 
+@pytest.mark.slow
 def test_dispatch_floor_times_both_dispatch_designs():
     """The plain-tensor row comes from a process of its own, on a tensor its extension builds (compiled once)."""
     out = subprocess.run([sys.executable, "-m", "bench.dispatch_floor", "--calls", "5", "--repeats", "1"], cwd=ROOT,
@@ -49,6 +50,7 @@ def test_dispatch_floor_times_both_dispatch_designs():
     assert all(us > 0 for us in rows.values()), out
 
 
+@pytest.mark.slow
 def test_generate_bench_times_both_caches_cold_warm_and_on_the_cpu():
     out = subprocess.run([sys.executable, "-m", "bench.generate", "--tokens", "2"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
