@@ -223,9 +223,9 @@ def test_ops_with_device_side_checks_are_queued_and_raise_at_synchronisation(que
 
 
 def test_unread_device_checks_past_their_limit_do_not_cut_the_queue(queued, monkeypatch):
-    """Past pending_checks.LIMIT only checks already computed are read: reading a queued one would run the
-    queue where no loop boundary is, a queue of a new structure to compile (a training step with three
-    checked ops met one every 341 steps)."""
+    """Past pending_checks.LIMIT the checks already computed are read, queued ones only when they alone pass
+    it: reading a queued one runs the queue where no loop boundary is, a queue of a new structure to compile
+    (a training step with three checked ops met one every 341 steps)."""
     monkeypatch.setattr(pending_checks, "LIMIT", 4)
     table = torch.randn(5, 3)
     on_device, indices = table.to("neuron"), torch.tensor([1, 3], device="neuron")

@@ -20,10 +20,10 @@ def add(device_index: int, op, conditions, errors) -> None:
     if BLOCKING:
         raise_failures(device_index)
     elif len(queue) > LIMIT:
-        # the checks already computed; queued ones only if they alone pass the limit (one left uncomputed by a
-        # failed queue is read at the next synchronisation): reading a queued check runs adaptive eager's queue
-        # where no loop boundary is, a queue of a new structure to compile (a training loop with three checked
-        # ops did so every 341 steps), and fails a graph capture
+        # the checks already computed; queued ones only if they alone pass the limit (so that checks a failed
+        # queue left uncomputed cannot pile up): reading a queued check runs adaptive eager's queue where no
+        # loop boundary is, a queue of a new structure to compile (a training loop with three checked ops did
+        # so every 341 steps), and fails a graph capture
         computed = _computed_prefix(queue)
         _raise_failures_of(device_index, computed if len(queue) - computed <= LIMIT else len(queue))
 
