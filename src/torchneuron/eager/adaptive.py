@@ -113,19 +113,15 @@ class Queue:
                         capture.reads[number] = storages[p]
                 args.append(number)
             for extra in extras:
-                if type(extra) in _NUMBERS:
-                    # a number is one input however it reaches the program (as itself the first time
-                    # device_scalars sees it, then put on the device): a queue's structure, and the
-                    # fused program it names, do not depend on which numbers were new
-                    key = scalar_key(type(extra), extra, self.device_index)
-                    number = inputs.get(key)
-                    if number is None:
-                        number = self._new_input(key, device_scalars([extra], self.device_index)[0])
-                else:
-                    key = id(extra)
-                    number = inputs.get(key)
-                    if number is None:
-                        number = self._new_input(key, extra)
+                # a number is one input however it reaches the program (as itself the first time
+                # device_scalars sees it, then put on the device): a queue's structure, and the fused
+                # program it names, do not depend on which numbers were new
+                is_number = type(extra) in _NUMBERS
+                key = scalar_key(type(extra), extra, self.device_index) if is_number else id(extra)
+                number = inputs.get(key)
+                if number is None:
+                    number = self._new_input(
+                        key, device_scalars([extra], self.device_index)[0] if is_number else extra)
                 args.append(number)
             if capture is not None and executable.random:
                 capture.keys[args[-1]] = generator
