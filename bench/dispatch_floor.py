@@ -21,9 +21,6 @@ what a backend's own code (cache key, executable lookup, output tensor) may take
 """
 import argparse
 import json
-import os
-import subprocess
-import sys
 
 _PLAIN_TENSOR_SOURCE = r"""
 #include <torch/extension.h>
@@ -64,14 +61,6 @@ def _plain_tensor_fallback(calls: int, repeats: int) -> float:
     return thread_time_per_call(lambda: a + b, calls, repeats)
 
 
-def _in_own_process(calls: int, repeats: int) -> float:
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    done = subprocess.run([sys.executable, "-m", "bench.dispatch_floor", "--plain-fallback-only",
-                           "--calls", str(calls), "--repeats", str(repeats)],
-                          env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def _no_op_dispatch(calls: int, repeats: int) -> float:
     import torch
 
@@ -100,8 +89,8 @@ def main(argv=None) -> dict:
         return {}
     import torch
 
-    from .timing import thread_time_per_call
     from .micro import jax_cases, torch_cases
+    from .timing import in_own_process, thread_time_per_call
 
     add = "add 16x16"
     figures = {"neuron tensor, no-op dispatch": _no_op_dispatch(args.calls, args.repeats),
@@ -110,7 +99,9 @@ def main(argv=None) -> dict:
         figures["neuron eager"] = thread_time_per_call(torch_cases("neuron")[add], args.calls, args.repeats)
     figures["neuron adaptive eager"] = thread_time_per_call(torch_cases("neuron")[add], args.calls, args.repeats)
     figures["torch cpu"] = thread_time_per_call(torch_cases("cpu")[add], args.calls, args.repeats)
-    figures["plain tensor, Python fallback kernel"] = _in_own_process(args.calls, args.repeats)
+    figures["plain tensor, Python fallback kernel"] = in_own_process(
+        "bench.dispatch_floor", ["--plain-fallback-only", "--calls", args.calls, "--repeats", args.repeats],
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     bare = figures["bare jax.jit"]
     print("| add 16x16 | us per call | / bare jax.jit |\n|---|---:|---:|")
     for name, us in figures.items():

@@ -11,11 +11,10 @@ is a fresh process: "cold" with an empty TORCHNEURON_CACHE_DIR, "warm" with the 
 """
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
+
+from .timing import in_own_process
 
 
 def _generate(device: str, cache: str, tokens: int) -> dict:
@@ -39,10 +38,8 @@ def _generate(device: str, cache: str, tokens: int) -> dict:
 
 
 def _in_own_process(device: str, cache: str, tokens: int, cache_dir: str) -> dict:
-    env = dict(os.environ, TORCHNEURON_CACHE_DIR=cache_dir)
-    done = subprocess.run([sys.executable, "-m", "bench.generate", "--one", device, cache, "--tokens", str(tokens)],
-                          env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.splitlines()[-1])
+    return in_own_process("bench.generate", ["--one", device, cache, "--tokens", tokens],
+                          TORCHNEURON_CACHE_DIR=cache_dir)
 
 
 def main(argv=None) -> dict:

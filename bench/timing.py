@@ -1,5 +1,9 @@
-"""Timing helpers: repeats with min/median, device-honest synchronisation."""
+"""Timing helpers: repeats with min/median, device-honest synchronisation, fresh processes."""
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -40,3 +44,10 @@ def thread_time_per_call(fn, calls: int, repeats: int) -> float:
             fn()
         best = min(best, (time.thread_time() - start) / calls)
     return best * 1e6
+
+
+def in_own_process(module: str, args, **env):
+    """What `python -m module *args` prints last, as JSON, run in a fresh process whose environment adds `env`."""
+    done = subprocess.run([sys.executable, "-m", module, *map(str, args)], env={**os.environ, **env},
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
