@@ -355,3 +355,93 @@ def test_pinning_a_device_tensor_is_refused_as_for_a_cuda_tensor():
     assert not x.is_pinned()
     with pytest.raises(RuntimeError, match="cannot pin 'torch.neuron.FloatTensor' only dense CPU tensors can be pinned"):
         x.pin_memory()
+
+
+def _views_of_a_storage():
+    base = torch.arange(24.0).reshape(4, 6)
+    return base, {
+        "whole": lambda t: t,
+        "transposed": lambda t: t.t(),
+        "offset slice": lambda t: t[1:, 2:5],
+        "strided": lambda t: t[::2, ::3],
+        "reinterpreted": lambda t: t.view(torch.int32),
+        "expanded": lambda t: t[0].expand(3, 6),
+    }
+
+
+@pytest.mark.parametrize("view", list(_views_of_a_storage()[1]))
+def test_dlpack_consumers_read_the_tensors_elements(view):
+    """JAX, NumPy (where the device's memory is the host's) and PyTorch take a neuron tensor through DLPack
+    with its values, views and reinterpreted dtypes included, as they take a CPU tensor (JAX refuses views
+    that are not compact, of either)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    base, views = _views_of_a_storage()
+    expected = views[view](base)
+    tensor = views[view](base.to("neuron"))
+    consumers = [jnp.from_dlpack]
+    if tensor.__dlpack_device__()[0] == torch.utils.dlpack.DLDeviceType.kDLCPU:
+        consumers.append(np.from_dlpack)
+    for consume in consumers:
+        assert _outcome(lambda: np.asarray(consume(tensor))) == _outcome(lambda: np.asarray(consume(expected)))
+    capsule = torch.utils.dlpack.to_dlpack(tensor)
+    for shared in (torch.from_dlpack(tensor), torch.from_dlpack(capsule)):
+        assert shared.device.type != "neuron" and shared.device == torch.device(*_dlpack_torch_device(tensor))
+        assert torch.equal(shared.cpu(), expected) and shared.stride() == expected.stride()
+
+
+def _outcome(read):
+    try:
+        return read().tolist()
+    except Exception as error:
+        return type(error)
+
+
+def _dlpack_torch_device(tensor):
+    kind, index = tensor.__dlpack_device__()
+    return ("cpu",) if kind == torch.utils.dlpack.DLDeviceType.kDLCPU else ("cuda", index)
+
+
+def test_dlpack_shares_the_storage_until_neuron_writes_it():
+    """The export views the storage's buffer: a consumer's write shows in the neuron tensor and its views; a
+    later write on neuron makes a new buffer (XLA never donates a shared one), and the consumer's memory stays
+    valid with the values it had."""
+    tensor = torch.zeros(4, 5, device="neuron")
+    row = tensor[1]
+    shared = torch.from_dlpack(tensor)
+    shared[1].fill_(7.0)
+    assert row.cpu().tolist() == [7.0] * 5 and tensor.sum().item() == 35.0
+    for _ in range(3):
+        tensor.add_(1.0)
+    assert torch.equal(tensor.cpu(), torch.full((4, 5), 3.0).index_fill_(0, torch.tensor([1]), 10.0))
+    assert torch.equal(shared.cpu(), torch.zeros(4, 5).index_fill_(0, torch.tensor([1]), 7.0))
+
+
+def test_dlpack_exports_queued_values_and_raises_failed_checks():
+    """A value adaptive eager has only queued is computed for the consumer; a failed device-side check raises
+    there, as at any synchronisation."""
+    import jax.numpy as jnp
+
+    with torch.neuron.adaptive_eager():
+        doubled = torch.arange(6.0, device="neuron") * 2
+        assert jnp.from_dlpack(doubled).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        torch.nn.functional.embedding(torch.tensor([9], device="neuron"), torch.zeros(3, 2, device="neuron"))
+        with pytest.raises(IndexError, match="index out of range"):
+            torch.from_dlpack(doubled)
+
+
+def test_dlpack_refuses_what_pytorch_refuses_and_complex32():
+    with pytest.raises(BufferError, match=re.escape("Can't export tensors that require gradient")):
+        torch.ones(2, device="neuron", requires_grad=True).__dlpack__()
+    with pytest.raises(BufferError, match="Can't export tensors with the conjugate bit set"):
+        torch.ones(2, dtype=torch.complex64, device="neuron").conj().__dlpack__()
+    with pytest.raises(TypeError, match="stream must be"):
+        torch.ones(2, device="neuron").__dlpack__(stream="default")
+    with pytest.raises(BufferError, match="complex32 tensor cannot be shared through DLPack"):
+        torch.from_dlpack(torch.ones(2, dtype=torch.complex32, device="neuron"))
+    # what a JAX array gives to a neuron tensor is a copy, as from any other device
+    import jax.numpy as jnp
+
+    moved = torch.from_dlpack(jnp.arange(3.0, dtype=jnp.float32), device="neuron")
+    assert moved.device.type == "neuron" and moved.cpu().tolist() == [0.0, 1.0, 2.0]

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from .runtime import events
+from .runtime import dlpack, events
 from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
 from .runtime.tensor import NeuronTensor, assign_data
@@ -219,6 +219,20 @@ def parameter_data_assignment_crosses_to_and_from_neuron() -> None:
     A CPU parameter given neuron data takes it as a neuron tensor does the other way (NeuronTensor.data)."""
     data = torch._C.TensorBase.data
     torch.nn.Parameter.data = property(data.__get__, assign_data, doc=data.__doc__)
+
+
+@_patch
+def to_dlpack_exports_neuron_tensors() -> None:
+    """`torch.utils.dlpack.to_dlpack` (also `torch.to_dlpack`) is PyTorch's C export, which reads a data pointer a
+    neuron tensor's TensorImpl has not got (it failed with "Could not run 'aten::view' ... from the 'neuron'
+    backend"); a neuron tensor exports itself (runtime/dlpack.py), as `tensor.__dlpack__()` does."""
+    export = torch.utils.dlpack.to_dlpack
+
+    @functools.wraps(export)
+    def to_dlpack(tensor):
+        return dlpack.export(tensor) if isinstance(tensor, NeuronTensor) else export(tensor)
+
+    torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
 
 
 def _refuse_uninitialized(module) -> None:
@@ -985,6 +999,7 @@ def apply() -> None:
     backward_runs_on_the_calling_thread()
     tied_parameters_on_conversion()
     parameter_data_assignment_crosses_to_and_from_neuron()
+    to_dlpack_exports_neuron_tensors()
     transformer_encoder_masks_padding_instead_of_nesting()
     fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()

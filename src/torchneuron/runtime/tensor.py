@@ -6,7 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..native import _C as native
-from . import memory
+from . import dlpack, memory
 from .dtypes import check_supported
 from .layout import contiguous_strides, storage_extent
 from .storage import Storage
@@ -94,6 +94,20 @@ class NeuronTensor(torch.Tensor):
             raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
                             "tensor to host memory first.")
         return self.detach().cpu().numpy()
+
+    def __dlpack__(self, *, stream=-1, max_version=None, dl_device=None, copy=None):
+        # PyTorch's export reads a data pointer a neuron tensor's TensorImpl has not got; its checks are kept
+        if self.requires_grad:
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+        if self.is_conj():
+            raise BufferError("Can't export tensors with the conjugate bit set")
+        if stream is not None and type(stream) is not int:
+            raise TypeError("stream must be ``int`` or ``none``")
+        return dlpack.export(self, max_version, dl_device, copy)
+
+    def __dlpack_device__(self):
+        # the memory's own device (kDLCPU on XLA:CPU, kDLCUDA on XLA:GPU), where a consumer finds it
+        return dlpack.shared_view(self).__dlpack_device__()
 
     def tolist(self):
         # PyTorch refuses tolist() on subclasses; the values are plain device data

@@ -1,0 +1,41 @@
+"""DLPack: a neuron tensor's memory shared with other libraries (JAX, NumPy, PyTorch), without a copy.
+
+A storage's buffer lives in the memory of the PJRT device (host memory on XLA:CPU, the GPU's on XLA:GPU),
+where PyTorch can view it as a tensor of that device's own kind; that view, with the neuron tensor's sizes,
+strides and offset, is what is exported, so the consumer sees exactly the tensor's elements. XLA buffers
+are immutable: a write on neuron after the export gives the storage a new buffer (XLA does not donate
+one shared this way), so the consumer keeps the values it was given, as with torch_xla and JAX arrays;
+what the consumer writes is seen by the neuron tensor until then.
+"""
+import jax
+import torch
+
+from . import pending_checks
+
+
+def shared_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor of the PJRT device's own kind (CPU on XLA:CPU, CUDA on XLA:GPU) viewing the neuron tensor's
+    elements in its storage's buffer: the same memory, once the values are computed (a synchronisation point,
+    where failed device-side checks raise, as for `.cpu()`)."""
+    storage = tensor._storage
+    shape, stride, offset, dtype, device_index = tensor._spec
+    if torch.complex32 in (dtype, storage.dtype):
+        raise BufferError(
+            "neuron: a complex32 tensor cannot be shared through DLPack: XLA holds its values as complex64, "
+            "not in PyTorch's layout. Copy it first (`tensor.to(torch.complex64)` or `tensor.cpu()`).")
+    buffer = storage.buffer
+    pending_checks.raise_failures(device_index)
+    jax.block_until_ready(buffer)
+    try:
+        flat = torch.from_dlpack(buffer)
+    except (BufferError, RuntimeError, TypeError) as error:
+        raise BufferError(
+            f"neuron: PyTorch cannot view this device's memory ({next(iter(buffer.devices())).platform}), so "
+            f"the tensor cannot be shared through DLPack: copy it with `tensor.cpu()` first ({error})") from error
+    return flat.view(dtype).as_strided(shape, stride, offset)
+
+
+def export(tensor: torch.Tensor, max_version=None, dl_device=None, copy=None):
+    """The DLPack capsule of a neuron tensor (`Tensor.__dlpack__`'s arguments but the stream: the values
+    are ready when it is made)."""
+    return shared_view(tensor).__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
