@@ -1,5 +1,6 @@
 """Adaptive eager: queued ops run as one fused executable with the results of op-by-op eager."""
 import gc
+import threading
 
 import pytest
 import torch
@@ -90,8 +91,8 @@ def test_equal_numbers_are_one_input_of_the_queue(queued):
         step(on_neuron, scale)
         step(tensors, scale)
         # -0.0 and 0.0 come back each call: from the second they are kept device scalars, not numbers
-        assert sorted(e for e in adaptive.queue.externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
-        assert len([e for e in adaptive.queue.externals if getattr(e, "ndim", None) == 0]) == 2  # kept, once each
+        assert sorted(e for e in adaptive.current().externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
+        assert len([e for e in adaptive.current().externals if getattr(e, "ndim", None) == 0]) == 2  # kept, once each
         for got, want in zip(on_neuron, tensors):
             torch.testing.assert_close(got.cpu(), want)
 
@@ -183,7 +184,7 @@ def test_a_compiled_graph_sees_queued_writes(queued):
 
 
 def test_dead_intermediates_are_not_computed_and_limits_flush(queued, monkeypatch):
-    monkeypatch.setattr(adaptive.queue, "limit", 8)
+    monkeypatch.setattr(adaptive.current(), "limit", 8)
     x = torch.randn(32).to("neuron")
     acc = x.clone()
     acc = acc + x
@@ -238,7 +239,7 @@ def test_unread_device_checks_past_their_limit_do_not_cut_the_queue(queued, monk
         flushes = queued()["flushes"]
         results = [lookup() for _ in range(3)]
         assert queued()["flushes"] == flushes and all(_is_pending(r) for r in results)
-        adaptive.queue.flush()
+        adaptive.current().flush()
     assert len(pending_checks._pending[0]) <= 4 + 3  # those computed were read past the limit
     bad = torch.nn.functional.embedding(torch.tensor([1, 7], device="neuron"), on_device)
     assert _is_pending(bad)
@@ -272,12 +273,93 @@ def test_synchronize_runs_the_queue(queued):
     assert adaptive.stats()["queued"] == 0
 
 
+def _in_turns(*bodies):
+    """Run each body in a thread of its own, one step of each in turn (a body takes `turn()` and calls it before
+    each step), as threads interleave at the interpreter's switches; returns their results."""
+    turns = [threading.Semaphore(i == 0) for i in range(len(bodies))]
+    results, errors = [None] * len(bodies), []
+
+    def run(i, body):
+        def turn():
+            turns[(i - 1) % len(turns)].release()
+            turns[i].acquire()
+
+        turns[i].acquire()
+        try:
+            results[i] = body(turn)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            for semaphore in turns:
+                semaphore.release()
+
+    threads = [threading.Thread(target=run, args=(i, body)) for i, body in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def test_threads_queue_apart_so_interleaved_loops_run_fused(queued):
+    """Each thread records its own queue: two loops whose ops alternate op by op keep their structures, and run
+    fused from their second sighting; one queue, cut at every change of thread, ran them one by one."""
+    def loop(start):
+        def body(turn):
+            x = torch.full((4,), start, device="neuron")
+            for _ in range(6):
+                turn()
+                x = torch.tanh(x * 0.5 + 1.0)
+            return x.cpu()
+        return body
+
+    def expected(start):
+        x = torch.full((4,), start)
+        for _ in range(6):
+            x = torch.tanh(x * 0.5 + 1.0)
+        return x
+
+    for sighting in range(3):
+        before = queued()
+        results = _in_turns(loop(0.25), loop(-2.0))
+        counts = {k: v - before[k] for k, v in queued().items()}
+        for result, start in zip(results, (0.25, -2.0)):
+            torch.testing.assert_close(result, expected(start))
+        # once each op has run (its first run is not queued), each thread's loop is one queue (torch.full's fill
+        # and 3 ops a step), run when the thread reads its result: op by op at its first sighting, then fused
+        if sighting:
+            assert counts["flushes"] == 2 and counts["first_sightings"] == 0, counts
+            assert counts["ops_fused"] == 2 * (1 + 6 * 3), counts
+
+
+def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(queued):
+    """A value another thread queued is computed for the reader (its queue runs); a read another thread queued
+    before a write is of the value before it; an op run at once that donates a buffer (its first run, not
+    queued) runs every thread's queue first, which may read that buffer."""
+    shared = torch.zeros(5, device="neuron")
+    shared * 2.0  # known good: queued from now on
+    shared.add_(1.0)  # queued in the main thread's queue
+
+    def reader(turn):
+        doubled = shared * 2.0  # the main thread's queued value, read here
+        turn()
+        return doubled
+
+    def writer(turn):
+        turn()
+        shared.addcdiv_(torch.ones(5, device="neuron"), torch.full((5,), 4.0, device="neuron"))  # a first run
+        return shared.cpu()
+
+    doubled, written = _in_turns(reader, writer)
+    assert doubled.cpu().tolist() == [2.0] * 5 and written.tolist() == [1.25] * 5
+
+
 def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):
-    """Training iterations are cut where the recording thread changes (backward runs on the autograd
-    engine's thread) and after optimizer.step; a loop that neither reads a value nor steps is cut where its
+    """Training iterations are cut where a backward starts and ends and after optimizer.step; a loop that neither reads a value nor steps is cut where its
     queue starts over. Either way the loop replays the same fused programs instead of compiling a new one
     per queue."""
-    monkeypatch.setattr(adaptive.queue, "limit", 37)  # not a divisor of a step's op count
+    monkeypatch.setattr(adaptive.current(), "limit", 37)  # not a divisor of a step's op count
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -38,6 +38,15 @@ def test_fixed_cost_prints_every_op():
 
 
 
+def test_threads_bench_runs_each_thread_count_on_both_devices():
+    out = subprocess.run([sys.executable, "-m", "bench.threads", "--steps", "3"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    rows = json.loads(out.splitlines()[-1])
+    assert [(r["device"], r["threads"]) for r in rows] == [
+        (device, threads) for device in ("neuron", "cpu") for threads in ("1 (both loops)", 2)], out
+    assert all(r["seconds"] > 0 for r in rows) and all(r["ops_fused"] > 0 for r in rows[:2]), out
+
+
 @pytest.mark.slow
 def test_dispatch_floor_times_both_dispatch_designs():
     """The plain-tensor row comes from a process of its own, on a tensor its extension builds (compiled once)."""

@@ -545,7 +545,7 @@ class _Program:
         return results
 
     def run(self, args, storages):
-        queue = adaptive.queue
+        queue = adaptive.current()
         extras = [rng.next_key(self.device_index)] if self.random else []
         if queue.capture is not None:
             # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
@@ -589,8 +589,10 @@ class _Program:
         return outputs
 
     def _launch(self, storages, extras) -> list:
-        adaptive.flush()  # queued ops come first, and may read buffers this program donates
+        adaptive.current().flush()  # queued ops come first, and may read buffers this program donates
         flat = self.program.buffers_of(storages) + extras
+        if self.program.written_storages and adaptive.queued():
+            adaptive.run_readers(flat[: len(self.program.written_storages)])  # so may another thread's
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         if results:
             sync.launched(self.device_index, results[-1])

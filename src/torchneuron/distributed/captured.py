@@ -59,7 +59,8 @@ class QueuedCollective:
 def record(kind: str, grp: programs.Group, sources, destinations, statics, agree) -> None:
     """Record the collective `kind` of `sources` into `destinations` (the same tensors for an in-place one) in
     the graph being captured; `agree` checks with the group's ranks that they replay the same program."""
-    adaptive.queue.capture.spans(grp.mesh, agree, f"the collective {kind}")
+    queue = adaptive.current()
+    queue.capture.spans(grp.mesh, agree, f"the collective {kind}")
     collective = QueuedCollective(kind, grp, sources, destinations, statics)
-    for storage, result in zip(collective.written, adaptive.queue.record(collective, collective.storages, [])):
+    for storage, result in zip(collective.written, queue.record(collective, collective.storages, [])):
         storage.buffer = result

@@ -6,9 +6,9 @@ recorded instead of run: its outputs become `Pending` buffers of new storages,
 and its inputs are either buffers that exist (the queue's external inputs) or
 values an earlier queued op produces. Reading a pending buffer (a transfer,
 `item()`, an op that is not queued, the CPU fallback,
-`torch.neuron.synchronize()`), an op that donates buffers, a loop boundary (the
-recording thread changing, a backward starting or ending, an optimizer step,
-the queue starting over) or the queue reaching its limit runs the queue. The
+`torch.neuron.synchronize()`), an op that donates buffers, a loop boundary (a
+backward starting or ending, an optimizer step, the queue starting over) or the
+queue reaching its limit runs the queue. Each thread records a queue of its own. The
 first time a queue's structure is seen its ops run one by one through their
 compiled executables; when the same structure comes round again (the next
 iteration of a loop) the queued programs are traced into one function,
@@ -22,7 +22,7 @@ queued); XLA may fuse arithmetic across ops, so floating-point results can
 differ in the last bits. If the fused program fails, the queue is replayed op
 by op.
 
-A graph capture (torch.neuron.graph) records into the same queue, which nothing may cut while it
+A graph capture (torch.neuron.graph) records into the capturing thread's queue, which nothing may cut while it
 captures, and keeps it as a CapturedGraph: one program replayed on the storages it read and wrote.
 
 On by default. Off: `torch.neuron.set_adaptive_eager(False)`, the
@@ -55,17 +55,25 @@ _current_graph_task = torch._C._current_graph_task_id
 fused_cache = ExecutableCache(int(os.environ.get("TORCHNEURON_ADAPTIVE_CACHE_SIZE", "256")))
 
 
+# what every thread's queue has done (stats())
+_counts = dict.fromkeys(("flushes", "ops_fused", "values_kept", "replays", "first_sightings"), 0)
+# structure key -> None, oldest first: the structures run once, op by op (whichever thread's queue ran them)
+_sighted = {}
+# the queues holding ops, of any thread: what a flush of all runs
+_nonempty = set()
+
+
 class Queue:
+    """One thread's queue: each thread records its own ops, so that threads running their own loops (requests
+    served in threads, a data thread beside the training loop) each keep the structures of their loop, where one
+    queue cut at every change of thread ran most ops one by one. One lock for all: a queue reads what another
+    queued by running it, and a program about to donate a buffer runs each queue that reads it (`run_readers`)."""
+
+    enabled = False  # for every thread, as CUDA's settings are
+    lock = threading.RLock()
+
     def __init__(self, limit: int):
         self.limit = limit
-        self.enabled = False
-        self.lock = threading.RLock()
-        self.flushes = 0
-        self.ops_fused = 0
-        self.values_kept = 0
-        self.replays = 0
-        self.first_sightings = 0
-        self._sighted = {}  # structure key -> None, oldest first: the structures run once, op by op
         self._run = self.flush  # one bound method for every Pending
         self.capture = None  # the Capture being recorded (torch.neuron.graph), which no flush may cut
         self._reset()
@@ -78,7 +86,8 @@ class Queue:
         self.pendings = []  # a weak reference to every result of a queued op: those still alive are kept
         self.n_values = 0
         self.device_index = None
-        self.recorder = None  # (thread, autograd graph task) recording the queue
+        self.recorder = None  # the autograd graph task recording the queue
+        _nonempty.discard(self)
 
     def record(self, executable, storages, extras, generator=None) -> list:
         """Queue one run of `executable` on the buffers of `storages` and on `extras` (scalars, then the random
@@ -86,7 +95,7 @@ class Queue:
         with self.lock:
             # forward, backward and the optimizer step queue apart: a backward runs on the calling thread
             # (patches.backward_runs_on_the_calling_thread) as a graph task of its own
-            recorder = (threading.get_ident(), _current_graph_task())
+            recorder = _current_graph_task()
             if (self.device_index != executable.device_index or self.recorder != recorder
                     or self._repeats(executable)):
                 if self.capture is None:
@@ -101,8 +110,13 @@ class Queue:
                 buffer = storages[p]._buffer
                 if type(buffer) is Pending:
                     if buffer.array is None:
-                        args.append(buffer.number)
-                        continue
+                        if buffer._run_queue is self._run:
+                            args.append(buffer.number)
+                            continue
+                        ops = self.ops
+                        buffer.resolve()  # another thread's queue computes it
+                        if self.ops is not ops:  # and ran this one (an op-by-op run runs every queue first)
+                            return self.record(executable, storages, extras, generator)
                     buffer = buffer.array
                 elif buffer is None:
                     buffer = storages[p].buffer
@@ -134,6 +148,8 @@ class Queue:
                 pendings = [Pending(numel, first + k, self._run) for k, numel in enumerate(sizes)]
                 self.pendings += map(weakref.ref, pendings)
             self.n_values += len(pendings)
+            if not self.ops:
+                _nonempty.add(self)
             self.ops.append((executable, tuple(args), first))
             if len(self.ops) >= self.limit and capture is None:
                 self.flush()
@@ -144,14 +160,15 @@ class Queue:
         loop which never reads a value (nor steps an optimizer) is cut at the same op in every iteration."""
         return len(self.ops) >= self.limit // 2 and executable is self.ops[0][0]
 
-    def _first_sighting(self, key) -> bool:
+    @staticmethod
+    def _first_sighting(key) -> bool:
         """Whether the queue's structure is new; remembers it (boundedly) if so."""
-        if key in self._sighted:
-            del self._sighted[key]  # the fused program compiled now lives in fused_cache
+        if key in _sighted:
+            del _sighted[key]  # the fused program compiled now lives in fused_cache
             return False
-        if len(self._sighted) >= fused_cache.capacity:
-            del self._sighted[next(iter(self._sighted))]
-        self._sighted[key] = None
+        if len(_sighted) >= fused_cache.capacity:
+            del _sighted[next(iter(_sighted))]
+        _sighted[key] = None
         return True
 
     def _new_input(self, key, value) -> int:
@@ -183,15 +200,15 @@ class Queue:
             key = (tuple((e, args) for e, args, _ in ops), tuple(self.external_values), kept)
             n_values, external_values = self.n_values, self.external_values
             self._reset()
-            self.flushes += 1
-            self.values_kept += len(live)
+            _counts["flushes"] += 1
+            _counts["values_kept"] += len(live)
             fused = fused_cache.get(key)
             path = None if fused is not None else _disk_path(ops, external_values, kept, externals, device_index)
             if fused is None and not compilation_cache.stored(path) and self._first_sighting(key):
                 # a structure seen once may never come back (a test, a loop whose shapes change each
                 # iteration): its ops run through their compiled executables, and only a structure
                 # that recurs, or that an earlier process compiled, is run fused
-                self.first_sightings += 1
+                _counts["first_sightings"] += 1
                 results = _replay(ops, n_values, external_values, externals, kept, device_index)
             else:
                 run = fused if fused is not None else functools.partial(
@@ -199,9 +216,9 @@ class Queue:
                 try:
                     results = (events.flush(run, externals, len(ops), device_index, fused is None)
                                if events.listening else run(*externals))
-                    self.ops_fused += len(ops)
+                    _counts["ops_fused"] += len(ops)
                 except Exception:
-                    self.replays += 1
+                    _counts["replays"] += 1
                     results = _replay(ops, n_values, external_values, externals, kept, device_index)
             for pending, array in zip(live, results):
                 pending.array = array
@@ -280,7 +297,9 @@ def _compiled_at_first_run(program, device_index: int, externals, path=None):
 
 
 def _replay(ops, n_values, external_values, externals, kept, device_index):
-    """The queue op by op, each through its own (already compiled) executable."""
+    """The queue op by op, each through its own (already compiled) executable, which donates the buffers it
+    writes: other threads' queues that read them run first."""
+    run_readers(externals)
     executables = list(dict.fromkeys(e for e, _, _ in ops))
     type(executables[0]).load_stored(executables, device_index)  # executable.Executable, which imports this module
     if not events.listening:
@@ -340,7 +359,7 @@ class CapturedGraph:
             [(str(e.op), getattr(e, "signature", None), args) for e, args, _ in ops], external_values, kept]
 
     def replay(self) -> None:
-        queue.flush()  # work queued before the replay: it may write what the graph reads
+        current().flush()  # work queued before the replay: it may write what the graph reads
         externals = list(self.externals)
         for i, storage, numel in self.reads:
             externals[i] = storage.buffer if storage.numel == numel else self._freed(storage, numel)
@@ -399,8 +418,8 @@ def _given(run, given, *externals):
 
 
 def capturing() -> bool:
-    """Whether a graph is being captured (torch.neuron.graph)."""
-    return queue.capture is not None
+    """Whether this thread captures a graph (torch.neuron.graph)."""
+    return current().capture is not None
 
 
 def refuse_while_capturing(what: str) -> None:
@@ -413,6 +432,7 @@ def refuse_while_capturing(what: str) -> None:
 
 
 def begin_capture() -> None:
+    queue = current()
     with queue.lock:
         if queue.capture is not None:
             raise RuntimeError("neuron: a graph is already being captured")
@@ -424,6 +444,7 @@ def end_capture(keep: bool = True):
     """The CapturedGraph of the ops recorded since `begin_capture` (None if not `keep`: a capture that
     failed). Like CUDA's, the capture ran nothing: each storage it wrote holds again what it held before
     (a tensor made in the capture, zeros) until the first replay."""
+    queue = current()
     with queue.lock:
         capture, queue.capture = queue.capture, None
         ops, externals, external_values = queue.ops, queue.externals, queue.external_values
@@ -444,7 +465,17 @@ def end_capture(keep: bool = True):
     return CapturedGraph(ops, n_values, externals, external_values, capture, writes, checks, device_index)
 
 
-queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
+class _ThreadQueue(threading.local):
+    def __init__(self):
+        self.queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
+
+
+_this_thread = _ThreadQueue()
+
+
+def current() -> Queue:
+    """The calling thread's queue."""
+    return _this_thread.queue
 
 
 class _LoopBoundaries:
@@ -480,9 +511,9 @@ class _LoopBoundaries:
     # marked traceable, or it would break the graph): there it does nothing. Around a compiled optimizer it
     # runs eagerly but inside Dynamo's frame evaluation, which must not try to compile the queue's run.
     def _after_step(self, optimizer, args, kwargs):
-        if not torch.compiler.is_compiling() and queue.capture is None:
+        if not torch.compiler.is_compiling() and current().capture is None:
             # a process without Dynamo compiles nothing
-            flush = _flush_outside_dynamo() if _dynamo_loaded() else queue.flush
+            flush = _flush_outside_dynamo() if _dynamo_loaded() else _flush_this_thread
             flush()
 
 
@@ -490,9 +521,13 @@ def _dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
 
 
+def _flush_this_thread() -> None:
+    current().flush()
+
+
 @functools.cache
 def _flush_outside_dynamo():
-    return torch.compiler.disable(queue.flush)
+    return torch.compiler.disable(_flush_this_thread)
 
 
 _boundaries = _LoopBoundaries()
@@ -500,18 +535,18 @@ _boundaries = _LoopBoundaries()
 
 def set_enabled(enabled: bool) -> None:
     if not enabled:
-        queue.flush()
+        flush()
         _boundaries.remove()
-    queue.enabled = bool(enabled)
+    Queue.enabled = bool(enabled)
 
 
 def is_enabled() -> bool:
-    return queue.enabled
+    return Queue.enabled
 
 
 @contextlib.contextmanager
 def enabled(on: bool = True):
-    previous = queue.enabled
+    previous = Queue.enabled
     set_enabled(on)
     try:
         yield
@@ -520,19 +555,32 @@ def enabled(on: bool = True):
 
 
 def flush() -> None:
-    queue.flush()
+    """Run every thread's queue (a synchronisation, or a program about to donate buffers they may read), but
+    another thread's capturing a graph, whose ops run at replay (this thread's refuses, as CUDA does)."""
+    this_thread = current()
+    with Queue.lock:
+        for queue in list(_nonempty):
+            if queue.capture is None or queue is this_thread:
+                queue.flush()
+
+
+def run_readers(buffers) -> None:
+    """Run each thread's queue that reads one of `buffers` (a program is about to donate them), but one capturing
+    a graph, which reads them at replay."""
+    with Queue.lock:
+        for queue in list(_nonempty):
+            if queue.capture is None and any(id(buffer) in queue.inputs for buffer in buffers):
+                queue.flush()
+
+
+def queued() -> bool:
+    """Whether any thread's queue holds ops."""
+    return bool(_nonempty)
 
 
 def stats() -> dict:
-    return {
-        "queued": len(queue.ops),
-        "flushes": queue.flushes,
-        "ops_fused": queue.ops_fused,
-        "values_kept": queue.values_kept,
-        "replays": queue.replays,
-        "first_sightings": queue.first_sightings,
-        "fused_cache": fused_cache.stats(),
-    }
+    """Of all threads' queues; "queued": the ops this thread's queue holds."""
+    return {"queued": len(current().ops), **_counts, "fused_cache": fused_cache.stats()}
 
 
 set_enabled(os.environ.get("TORCHNEURON_ADAPTIVE_EAGER", "1") != "0")

@@ -266,12 +266,14 @@ class Executable:
         self.output_sizes = [math.prod(r.shape) for r in self._traced.out_info]
 
     def run(self, tensors, storages, scalars, generator=None):
-        queue = adaptive.queue
+        queue = adaptive.current()
         if queue.enabled and self.known_good or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = self.program.buffers_of(storages)
+        if self.mutated_storages and adaptive.queued():
+            adaptive.run_readers(flat[: len(self.mutated_storages)])  # so may another thread's
         flat += self._extras(tensors, scalars, rng.next_key(self.device_index, generator) if self.random else None)
         try:
             results = events.launch(self, flat) if events.listening else self.compiled(*flat)
