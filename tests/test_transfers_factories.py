@@ -385,9 +385,12 @@ def test_dlpack_consumers_read_the_tensors_elements(view):
         consumers.append(np.from_dlpack)
     for consume in consumers:
         assert _outcome(lambda: np.asarray(consume(tensor))) == _outcome(lambda: np.asarray(consume(expected)))
-    capsule = torch.utils.dlpack.to_dlpack(tensor)
-    for shared in (torch.from_dlpack(tensor), torch.from_dlpack(capsule)):
-        assert shared.device.type != "neuron" and shared.device == torch.device(*_dlpack_torch_device(tensor))
+    # PyTorch takes it on the memory's device (from a capsule, or when asked for that device), or on neuron
+    memory_device = torch.device(*_dlpack_torch_device(tensor))
+    for device, shared in ((memory_device, torch.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))),
+                           (memory_device, torch.from_dlpack(tensor, device=memory_device)),
+                           (tensor.device, torch.from_dlpack(tensor))):
+        assert shared.device == device
         assert torch.equal(shared.cpu(), expected) and shared.stride() == expected.stride()
 
 
@@ -409,13 +412,25 @@ def test_dlpack_shares_the_storage_until_neuron_writes_it():
     valid with the values it had."""
     tensor = torch.zeros(4, 5, device="neuron")
     row = tensor[1]
-    shared = torch.from_dlpack(tensor)
+    shared = torch.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
     shared[1].fill_(7.0)
     assert row.cpu().tolist() == [7.0] * 5 and tensor.sum().item() == 35.0
     for _ in range(3):
         tensor.add_(1.0)
     assert torch.equal(tensor.cpu(), torch.full((4, 5), 3.0).index_fill_(0, torch.tensor([1]), 10.0))
     assert torch.equal(shared.cpu(), torch.zeros(4, 5).index_fill_(0, torch.tensor([1]), 7.0))
+
+
+def test_from_dlpack_of_a_neuron_tensor_on_neuron_shares_its_storage_as_a_cuda_tensors_does():
+    tensor = torch.zeros(6, device="neuron")
+    for shared in (torch.from_dlpack(tensor[2:]), torch.from_dlpack(tensor[2:], device="neuron:0")):
+        assert shared.device == tensor.device and shared.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        shared.add_(1.0)
+    copied = torch.from_dlpack(tensor, copy=True)
+    copied.add_(5.0)
+    assert tensor.tolist() == [0.0, 0.0, 2.0, 2.0, 2.0, 2.0] and copied.tolist() == [5.0, 5.0, 7.0, 7.0, 7.0, 7.0]
+    with pytest.raises(BufferError, match="require gradient"):
+        torch.from_dlpack(tensor.requires_grad_())
 
 
 def test_dlpack_exports_queued_values_and_raises_failed_checks():
@@ -428,7 +443,7 @@ def test_dlpack_exports_queued_values_and_raises_failed_checks():
         assert jnp.from_dlpack(doubled).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
         torch.nn.functional.embedding(torch.tensor([9], device="neuron"), torch.zeros(3, 2, device="neuron"))
         with pytest.raises(IndexError, match="index out of range"):
-            torch.from_dlpack(doubled)
+            jnp.from_dlpack(doubled)
 
 
 def test_dlpack_refuses_what_pytorch_refuses_and_complex32():
@@ -439,7 +454,7 @@ def test_dlpack_refuses_what_pytorch_refuses_and_complex32():
     with pytest.raises(TypeError, match="stream must be"):
         torch.ones(2, device="neuron").__dlpack__(stream="default")
     with pytest.raises(BufferError, match="complex32 tensor cannot be shared through DLPack"):
-        torch.from_dlpack(torch.ones(2, dtype=torch.complex32, device="neuron"))
+        torch.utils.dlpack.to_dlpack(torch.ones(2, dtype=torch.complex32, device="neuron"))
     # what a JAX array gives to a neuron tensor is a copy, as from any other device
     import jax.numpy as jnp
 

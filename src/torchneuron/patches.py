@@ -23,7 +23,7 @@ import torch
 from .runtime import dlpack, events
 from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
-from .runtime.tensor import NeuronTensor, assign_data
+from .runtime.tensor import NeuronTensor, assign_data, wrap
 
 _APPLIED = []
 # (owner, name) of each PyTorch function a runtime patch wraps that compiled code calls: Dynamo must trace the
@@ -222,17 +222,30 @@ def parameter_data_assignment_crosses_to_and_from_neuron() -> None:
 
 
 @_patch
-def to_dlpack_exports_neuron_tensors() -> None:
+def dlpack_exchanges_neuron_tensors() -> None:
     """`torch.utils.dlpack.to_dlpack` (also `torch.to_dlpack`) is PyTorch's C export, which reads a data pointer a
     neuron tensor's TensorImpl has not got (it failed with "Could not run 'aten::view' ... from the 'neuron'
-    backend"); a neuron tensor exports itself (runtime/dlpack.py), as `tensor.__dlpack__()` does."""
-    export = torch.utils.dlpack.to_dlpack
+    backend"); a neuron tensor exports itself (runtime/dlpack.py), as `tensor.__dlpack__()` does. And
+    `torch.from_dlpack` gives a tensor "on the same device as ext_tensor" unless told another: for a neuron
+    tensor, whose memory DLPack places on the PJRT device's own kind, a tensor of the same storage (a CUDA
+    tensor's is a CUDA tensor of the same memory)."""
+    export, take = torch.utils.dlpack.to_dlpack, torch.utils.dlpack.from_dlpack
 
     @functools.wraps(export)
     def to_dlpack(tensor):
         return dlpack.export(tensor) if isinstance(tensor, NeuronTensor) else export(tensor)
 
+    @functools.wraps(take)
+    def from_dlpack(ext_tensor, *, device=None, copy=None):
+        if isinstance(ext_tensor, NeuronTensor):
+            target = ext_tensor.device if device is None else torch.device(device)
+            if target.type == "neuron" and target.index in (None, ext_tensor.device.index):
+                dlpack.refuse_unexportable(ext_tensor)
+                return ext_tensor.clone() if copy else wrap(ext_tensor._storage, *ext_tensor._spec[:4])
+        return take(ext_tensor, device=device, copy=copy)
+
     torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
+    torch.utils.dlpack.from_dlpack = torch.from_dlpack = from_dlpack
 
 
 def _refuse_uninitialized(module) -> None:
@@ -999,7 +1012,7 @@ def apply() -> None:
     backward_runs_on_the_calling_thread()
     tied_parameters_on_conversion()
     parameter_data_assignment_crosses_to_and_from_neuron()
-    to_dlpack_exports_neuron_tensors()
+    dlpack_exchanges_neuron_tensors()
     transformer_encoder_masks_padding_instead_of_nesting()
     fake_convolutions_on_neuron_take_the_eager_memory_format()
     accelerator_api_routes_to_torch_neuron()

@@ -13,6 +13,14 @@ import torch
 from . import pending_checks
 
 
+def refuse_unexportable(tensor: torch.Tensor) -> None:
+    """PyTorch's checks before it exports a tensor."""
+    if tensor.requires_grad:
+        raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+    if tensor.is_conj():
+        raise BufferError("Can't export tensors with the conjugate bit set")
+
+
 def shared_view(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor of the PJRT device's own kind (CPU on XLA:CPU, CUDA on XLA:GPU) viewing the neuron tensor's
     elements in its storage's buffer: the same memory, once the values are computed (a synchronisation point,

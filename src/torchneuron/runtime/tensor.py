@@ -97,10 +97,7 @@ class NeuronTensor(torch.Tensor):
 
     def __dlpack__(self, *, stream=-1, max_version=None, dl_device=None, copy=None):
         # PyTorch's export reads a data pointer a neuron tensor's TensorImpl has not got; its checks are kept
-        if self.requires_grad:
-            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
-        if self.is_conj():
-            raise BufferError("Can't export tensors with the conjugate bit set")
+        dlpack.refuse_unexportable(self)
         if stream is not None and type(stream) is not int:
             raise TypeError("stream must be ``int`` or ``none``")
         return dlpack.export(self, max_version, dl_device, copy)
