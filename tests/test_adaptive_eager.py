@@ -1,6 +1,7 @@
 """Adaptive eager: queued ops run as one fused executable with the results of op-by-op eager."""
 import gc
 import threading
+import time
 
 import pytest
 import torch
@@ -353,6 +354,60 @@ def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(q
 
     doubled, written = _in_turns(reader, writer)
     assert doubled.cpu().tolist() == [2.0] * 5 and written.tolist() == [1.25] * 5
+
+
+def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what_it_donates(queued, monkeypatch):
+    """An op's first run (not queued) compiles, runs, and donates what it writes. A thread queueing a read of a
+    tensor another thread's first run is writing waits for the write and reads its result (it had queued the
+    donated buffer: "Buffer has been deleted"); two threads reaching the same first run compile it once (the
+    second had found its trace gone)."""
+    from torchneuron.runtime import compilation_cache
+
+    compiling = threading.Event()
+    store = compilation_cache.compile_and_store
+
+    def slow_compile(*args, **kwargs):
+        compiling.set()
+        time.sleep(0.3)  # another thread runs meanwhile
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(compilation_cache, "compile_and_store", slow_compile)
+    results, errors = {}, []
+
+    def run(name, body, after_a_compile_starts=False):
+        def target():
+            if after_a_compile_starts:
+                compiling.wait(10)
+            try:
+                results[name] = body()
+            except Exception as error:
+                errors.append(error)
+        return threading.Thread(target=target)
+
+    def in_threads(*threads):
+        compiling.clear()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+
+    shared, written = torch.full((7,), 2.0, device="neuron"), threading.Event()
+    shared * 3.0  # known good: queued from now on
+
+    def read_once_written():
+        tripled = shared * 3.0
+        written.wait(10)
+        return tripled.cpu()
+
+    in_threads(run("written", lambda: (shared.mul_(0.5), written.set())),  # a first run
+               run("tripled", read_once_written, after_a_compile_starts=True))
+    assert results["tripled"].tolist() == [3.0] * 7
+
+    start, end = torch.zeros(5, device="neuron"), torch.full((5,), 4.0, device="neuron")
+    in_threads(*[run(name, lambda: torch.lerp(start, end, 0.75).cpu(), after_a_compile_starts=name == "second")
+                 for name in ("first", "second")])
+    assert results["first"].tolist() == results["second"].tolist() == [3.0] * 5
 
 
 def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):

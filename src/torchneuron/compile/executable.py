@@ -547,21 +547,23 @@ class _Program:
     def run(self, args, storages):
         queue = adaptive.current()
         extras = [rng.next_key(self.device_index)] if self.random else []
-        if queue.capture is not None:
-            # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
-            # records eager executables
-            if self.mesh is not None:
-                queue.capture.spans(self.mesh, self.agree, f"the compiled graph {self.op}")
-            results = queue.record(self, storages, extras)
-        else:
-            results = self._launch(storages, extras)
-        if self.check_errors:
-            n_checks = len(self.check_errors)
-            pending_checks.add(self.device_index, self.op, results[-n_checks:], self.check_errors)
-            results = results[:-n_checks]
-        n_written = len(self.program.written_storages)
-        for p, buffer in zip(self.program.written_storages, results):
-            storages[p].buffer = buffer
+        # no thread may queue a read of a buffer this program donates until its storage holds the new one
+        with queue.lock:
+            if queue.capture is not None:
+                # a graph capture (torch.neuron.graph) records the program with the eager ops around it, as it
+                # records eager executables
+                if self.mesh is not None:
+                    queue.capture.spans(self.mesh, self.agree, f"the compiled graph {self.op}")
+                results = queue.record(self, storages, extras)
+            else:
+                results = self._launch(storages, extras)
+            if self.check_errors:
+                n_checks = len(self.check_errors)
+                pending_checks.add(self.device_index, self.op, results[-n_checks:], self.check_errors)
+                results = results[:-n_checks]
+            n_written = len(self.program.written_storages)
+            for p, buffer in zip(self.program.written_storages, results):
+                storages[p].buffer = buffer
         outputs = [None if source is None else args[source] for source in self.sources]
         for j, value in self.constants.items():
             outputs[j] = value

@@ -7,6 +7,7 @@ buffers it donates (runtime/program.py). PyTorch's meta kernels give the output 
 input, PyTorch's own errors before anything is compiled.
 """
 import math
+import threading
 import warnings
 
 import jax
@@ -238,6 +239,7 @@ class Executable:
         # the common case, one new tensor and nothing resized: built directly
         self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
         self.compiled = self._compile_and_run
+        self._first_run = threading.Lock()
         self.ran = False
         # the signature as text, which names this program on disk (and in adaptive eager's fused programs' keys)
         self.disk_key = _disk_key(rule, anywhere if traced_offsets else key)
@@ -269,6 +271,13 @@ class Executable:
         queue = adaptive.current()
         if queue.enabled and self.known_good or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
+        if not (self.mutated_storages and queue.enabled):
+            return self._launch(queue, tensors, storages, scalars, generator)
+        # no thread may queue a read of a buffer this program donates until its storage holds the new one
+        with queue.lock:
+            return self._launch(queue, tensors, storages, scalars, generator)
+
+    def _launch(self, queue, tensors, storages, scalars, generator):
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = self.program.buffers_of(storages)
@@ -291,7 +300,13 @@ class Executable:
     def _compile_and_run(self, *flat):
         """The first run compiles the program from its trace, which is then dropped (program.jit_on_device), and
         stores it on disk; or runs the executable loaded from there (traced and compiled after all if it cannot
-        run)."""
+        run). Threads reaching it together run it once: the first compiles, the others run what it compiled."""
+        with self._first_run:
+            if self.compiled != self._compile_and_run:
+                return self.compiled(*flat)
+            return self._compile_and_run_first(*flat)
+
+    def _compile_and_run_first(self, *flat):
         stored, self._stored = self._stored, None
         loaded, self._loaded = self._loaded, None
         if stored is None:
