@@ -115,7 +115,7 @@ class Queue:
                             continue
                         ops = self.ops
                         buffer.resolve()  # another thread's queue computes it
-                        if self.ops is not ops:  # and ran this one (an op-by-op run runs every queue first)
+                        if self.ops is not ops:  # and ran this one (an op-by-op run first runs those reading its inputs)
                             return self.record(executable, storages, extras, generator)
                     buffer = buffer.array
                 elif buffer is None:
