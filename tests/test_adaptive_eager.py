@@ -404,6 +404,14 @@ def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what
                run("tripled", read_once_written, after_a_compile_starts=True))
     assert results["tripled"].tolist() == [3.0] * 7
 
+    # op by op, a first run of one thread reads what another's run writes: one waits for the other
+    with torch.neuron.adaptive_eager(False):
+        shared.mul_(2.0)  # compiled: from now on it donates at once
+        in_threads(run("hypot", lambda: torch.hypot(shared, shared).cpu()),  # a first run
+                   run("doubled", lambda: shared.mul_(2.0).cpu(), after_a_compile_starts=True))
+    torch.testing.assert_close(results["hypot"], torch.full((7,), 8.0).sqrt())
+    assert results["doubled"].tolist() == [4.0] * 7
+
     start, end = torch.zeros(5, device="neuron"), torch.full((5,), 4.0, device="neuron")
     in_threads(*[run(name, lambda: torch.lerp(start, end, 0.75).cpu(), after_a_compile_starts=name == "second")
                  for name in ("first", "second")])

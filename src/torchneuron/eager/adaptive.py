@@ -467,7 +467,12 @@ def end_capture(keep: bool = True):
 
 class _ThreadQueue(threading.local):
     def __init__(self):
+        global threads_seen
         self.queue = Queue(int(os.environ.get("TORCHNEURON_ADAPTIVE_MAX_OPS", "512")))
+        threads_seen += 1
+
+
+threads_seen = 0  # how many threads have run neuron ops: past one, what runs at once takes the queues' lock
 
 
 _this_thread = _ThreadQueue()

@@ -271,9 +271,10 @@ class Executable:
         queue = adaptive.current()
         if queue.enabled and self.known_good or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
-        if not (self.mutated_storages and queue.enabled):
+        if not (self.mutated_storages and queue.enabled or adaptive.threads_seen > 1):
             return self._launch(queue, tensors, storages, scalars, generator)
-        # no thread may queue a read of a buffer this program donates until its storage holds the new one
+        # no thread may take a buffer this program donates (to read it now, or queued) until its storage holds the
+        # new one; nor donate one this program has taken, before it runs
         with queue.lock:
             return self._launch(queue, tensors, storages, scalars, generator)
 
