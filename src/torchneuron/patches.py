@@ -242,7 +242,7 @@ def dlpack_exchanges_neuron_tensors() -> None:
             if target.type == "neuron" and target.index in (None, ext_tensor.device.index):
                 dlpack.refuse_unexportable(ext_tensor)
                 return ext_tensor.clone() if copy else wrap(ext_tensor._storage, *ext_tensor._spec[:4])
-        return take(ext_tensor, device=device, copy=copy)
+        return take(ext_tensor, **dlpack.given(device=device, copy=copy))
 
     torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
     torch.utils.dlpack.from_dlpack = torch.from_dlpack = from_dlpack

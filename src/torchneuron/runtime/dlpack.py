@@ -46,4 +46,9 @@ def shared_view(tensor: torch.Tensor) -> torch.Tensor:
 def export(tensor: torch.Tensor, max_version=None, dl_device=None, copy=None):
     """The DLPack capsule of a neuron tensor (`Tensor.__dlpack__`'s arguments but the stream: the values
     are ready when it is made)."""
-    return shared_view(tensor).__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+    return shared_view(tensor).__dlpack__(**given(max_version=max_version, dl_device=dl_device, copy=copy))
+
+
+def given(**arguments) -> dict:
+    """The arguments that are not None: older PyTorch releases' `__dlpack__` and `from_dlpack` take fewer."""
+    return {name: value for name, value in arguments.items() if value is not None}
