@@ -160,8 +160,11 @@ def _train(model, inputs, device, steps=5):
 
 @pytest.mark.parametrize("name", CASES)
 def test_training(name, record_property):
-    model = _model(name)
-    inputs = CASES[name].inputs()
+    _check_training(name, _model(name), CASES[name].inputs(), record_property)
+
+
+def _check_training(name, model, inputs, record_property):
+    """Five AdamW steps on neuron have the CPU's losses and first gradients, without a CPU fallback."""
     expected, expected_grads = _train(copy.deepcopy(model), inputs, "cpu")
     fallback.reset()
     actual, grads = _train(model, inputs, "neuron")
@@ -176,6 +179,69 @@ def test_training(name, record_property):
     for key, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[key], rtol=1e-3, atol=1e-5, msg=key)
     assert fell_back == {}
+
+
+def _more_families():
+    """Further architectures Hugging Face users train, each a tiny config without dropout: (build, inputs)."""
+    from transformers import (BartConfig, BartForConditionalGeneration, DebertaV2Config,
+                              DebertaV2ForSequenceClassification, FalconConfig, FalconForCausalLM, GemmaConfig,
+                              GemmaForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, MistralConfig, MistralForCausalLM,
+                              OPTConfig, OPTForCausalLM, PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen2MoeConfig, Qwen2MoeForCausalLM, RobertaConfig, RobertaForMaskedLM, Wav2Vec2Config,
+                              Wav2Vec2ForCTC, WhisperConfig, WhisperForConditionalGeneration)
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64)
+    grouped = dict(sizes, num_key_value_heads=2)
+    encoder = dict(sizes, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    seq2seq = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=2, decoder_layers=2,
+                   encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.0, attention_dropout=0.0,
+                   activation_dropout=0.0, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   decoder_start_token_id=1)
+    audio = torch.randn(2, 800, generator=torch.Generator().manual_seed(0))
+    return {
+        "qwen2": (_causal_lm(Qwen2Config, Qwen2ForCausalLM, **grouped), _lm_inputs),
+        "gemma": (_causal_lm(GemmaConfig, GemmaForCausalLM, head_dim=8, **grouped), _lm_inputs),
+        "mistral": (_causal_lm(MistralConfig, MistralForCausalLM, sliding_window=4, **grouped), _lm_inputs),
+        "qwen2_moe": (_causal_lm(Qwen2MoeConfig, Qwen2MoeForCausalLM, moe_intermediate_size=16, num_experts=4,
+                                 shared_expert_intermediate_size=16, num_experts_per_tok=2, **grouped), _lm_inputs),
+        "phi": (_causal_lm(PhiConfig, PhiForCausalLM, **sizes), _lm_inputs),
+        "falcon": (_causal_lm(FalconConfig, FalconForCausalLM, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=4), _lm_inputs),
+        "gpt_neox": (_causal_lm(GPTNeoXConfig, GPTNeoXForCausalLM, **sizes), _lm_inputs),
+        "opt": (_causal_lm(OPTConfig, OPTForCausalLM, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0,
+                           attention_dropout=0.0), _lm_inputs),
+        "roberta": (lambda: RobertaForMaskedLM(RobertaConfig(vocab_size=VOCAB, pad_token_id=0, **encoder)),
+                    _bert_inputs),
+        "deberta_v2": (lambda: DebertaV2ForSequenceClassification(DebertaV2Config(vocab_size=VOCAB, num_labels=3,
+                                                                                   **encoder)),
+                       lambda: {"input_ids": _tokens(), "labels": torch.tensor([0, 2])}),
+        "bart": (lambda: BartForConditionalGeneration(BartConfig(max_position_embeddings=64, **seq2seq)),
+                 _t5_inputs),
+        "whisper": (lambda: WhisperForConditionalGeneration(WhisperConfig(num_mel_bins=16, max_source_positions=16,
+                                                                          max_target_positions=32, **seq2seq)),
+                    lambda: {"input_features": torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0)),
+                             "labels": _tokens(length=6, seed=1)}),
+        "wav2vec2": (lambda: Wav2Vec2ForCTC(Wav2Vec2Config(
+            vocab_size=VOCAB, pad_token_id=0, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_feat_extract_layers=2, num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4,
+            ctc_loss_reduction="mean", hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0,
+            feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, **encoder)),
+                     lambda: {"input_values": audio, "labels": _tokens(length=5, seed=1)}),
+    }
+
+
+MORE_FAMILIES = ["qwen2", "gemma", "mistral", "qwen2_moe", "phi", "falcon", "gpt_neox", "opt", "roberta", "deberta_v2",
+                 "bart", "whisper", "wav2vec2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MORE_FAMILIES)
+def test_training_more_families(name, record_property):
+    build, inputs = _more_families()[name]
+    torch.manual_seed(0)
+    _check_training(name, build(), inputs(), record_property)
 
 
 @pytest.mark.parametrize("name", GENERATORS)
