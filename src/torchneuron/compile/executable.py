@@ -593,7 +593,7 @@ class _Program:
     def _launch(self, storages, extras) -> list:
         adaptive.current().flush()  # queued ops come first, and may read buffers this program donates
         flat = self.program.buffers_of(storages) + extras
-        if self.program.written_storages and adaptive.queued():
+        if self.program.written_storages:
             adaptive.run_readers(flat[: len(self.program.written_storages)])  # so may another thread's
         results = events.launch(self, flat) if events.listening else self.compiled(*flat)
         if results:

@@ -115,7 +115,8 @@ class Queue:
                             continue
                         ops = self.ops
                         buffer.resolve()  # another thread's queue computes it
-                        if self.ops is not ops:  # and ran this one (an op-by-op run first runs those reading its inputs)
+                        # and ran this one (an op-by-op run first runs the queues reading its inputs)
+                        if self.ops is not ops:
                             return self.record(executable, storages, extras, generator)
                     buffer = buffer.array
                 elif buffer is None:
@@ -572,15 +573,12 @@ def flush() -> None:
 def run_readers(buffers) -> None:
     """Run each thread's queue that reads one of `buffers` (a program is about to donate them), but one capturing
     a graph, which reads them at replay."""
+    if not _nonempty:
+        return
     with Queue.lock:
         for queue in list(_nonempty):
             if queue.capture is None and any(id(buffer) in queue.inputs for buffer in buffers):
                 queue.flush()
-
-
-def queued() -> bool:
-    """Whether any thread's queue holds ops."""
-    return bool(_nonempty)
 
 
 def stats() -> dict:

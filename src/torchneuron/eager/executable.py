@@ -282,7 +282,7 @@ class Executable:
         if queue.ops and self.mutated_storages:
             queue.flush()  # the queue may read a buffer this program donates
         flat = self.program.buffers_of(storages)
-        if self.mutated_storages and adaptive.queued():
+        if self.mutated_storages:
             adaptive.run_readers(flat[: len(self.mutated_storages)])  # so may another thread's
         flat += self._extras(tensors, scalars, rng.next_key(self.device_index, generator) if self.random else None)
         try:
