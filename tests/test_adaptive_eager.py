@@ -92,8 +92,9 @@ def test_equal_numbers_are_one_input_of_the_queue(queued):
         step(on_neuron, scale)
         step(tensors, scale)
         # -0.0 and 0.0 come back each call: from the second they are kept device scalars, not numbers
-        assert sorted(e for e in adaptive.current().externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
-        assert len([e for e in adaptive.current().externals if getattr(e, "ndim", None) == 0]) == 2  # kept, once each
+        externals = adaptive.current().externals
+        assert sorted(e for e in externals if type(e) is float) == sorted([0.25 * scale, 1.0 / scale])
+        assert len([e for e in externals if getattr(e, "ndim", None) == 0]) == 2  # kept, once each
         for got, want in zip(on_neuron, tensors):
             torch.testing.assert_close(got.cpu(), want)
 
@@ -337,7 +338,7 @@ def test_threads_queue_apart_so_interleaved_loops_run_fused(queued):
 def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(queued):
     """A value another thread queued is computed for the reader (its queue runs); a read another thread queued
     before a write is of the value before it; an op run at once that donates a buffer (its first run, not
-    queued) runs every thread's queue first, which may read that buffer."""
+    queued) first runs each thread's queue that reads that buffer."""
     shared = torch.zeros(5, device="neuron")
     shared * 2.0  # known good: queued from now on
     shared.add_(1.0)  # queued in the main thread's queue
@@ -419,8 +420,8 @@ def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what
 
 
 def test_loops_without_reads_replay_a_few_fused_programs(queued, monkeypatch):
-    """Training iterations are cut where a backward starts and ends and after optimizer.step; a loop that neither reads a value nor steps is cut where its
-    queue starts over. Either way the loop replays the same fused programs instead of compiling a new one
+    """Training iterations are cut where a backward starts and ends and after optimizer.step; a loop that
+    neither reads a value nor steps is cut where its queue starts over. Either way the loop replays the same fused programs instead of compiling a new one
     per queue."""
     monkeypatch.setattr(adaptive.current(), "limit", 37)  # not a divisor of a step's op count
     torch.manual_seed(0)

@@ -37,10 +37,26 @@ def shared_view(tensor: torch.Tensor) -> torch.Tensor:
     try:
         flat = torch.from_dlpack(buffer)
     except (BufferError, RuntimeError, TypeError) as error:
-        raise BufferError(
-            f"neuron: PyTorch cannot view this device's memory ({next(iter(buffer.devices())).platform}), so "
-            f"the tensor cannot be shared through DLPack: copy it with `tensor.cpu()` first ({error})") from error
+        raise _unviewable(buffer, error) from error
     return flat.view(dtype).as_strided(shape, stride, offset)
+
+
+def memory_device(tensor: torch.Tensor) -> tuple:
+    """The DLPack device of the tensor's memory (kDLCPU on XLA:CPU, kDLCUDA on XLA:GPU), where a consumer finds
+    it: its buffer's, which the view `shared_view` makes reports. Asked before every export, so it neither waits
+    for the values nor makes the view."""
+    buffer = tensor._storage.buffer
+    try:
+        kind, index = buffer.__dlpack_device__()
+    except (BufferError, RuntimeError, TypeError, ValueError) as error:
+        raise _unviewable(buffer, error) from error
+    return torch.utils.dlpack.DLDeviceType(kind), index
+
+
+def _unviewable(buffer, error) -> BufferError:
+    return BufferError(
+        f"neuron: PyTorch cannot view this device's memory ({next(iter(buffer.devices())).platform}), so the "
+        f"tensor cannot be shared through DLPack: copy it with `tensor.cpu()` first ({error})")
 
 
 def export(tensor: torch.Tensor, max_version=None, dl_device=None, copy=None):

@@ -103,8 +103,7 @@ class NeuronTensor(torch.Tensor):
         return dlpack.export(self, max_version, dl_device, copy)
 
     def __dlpack_device__(self):
-        # the memory's own device (kDLCPU on XLA:CPU, kDLCUDA on XLA:GPU), where a consumer finds it
-        return dlpack.shared_view(self).__dlpack_device__()
+        return dlpack.memory_device(self)
 
     def tolist(self):
         # PyTorch refuses tolist() on subclasses; the values are plain device data
