@@ -3,6 +3,7 @@ import gc
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -10,7 +11,7 @@ from jax.extend import core as jax_core
 
 from torchneuron.eager import adaptive, fallback
 from torchneuron.runtime import pending_checks
-from torchneuron.runtime.storage import Pending
+from torchneuron.runtime.storage import Pending, Storage
 
 
 @pytest.fixture
@@ -355,6 +356,68 @@ def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(q
 
     doubled, written = _in_turns(reader, writer)
     assert doubled.cpu().tolist() == [2.0] * 5 and written.tolist() == [1.25] * 5
+
+
+def _in_another_thread(body) -> None:
+    errors = []
+
+    def run():
+        try:
+            body()
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not errors, errors
+
+
+_READS = {"cpu": lambda t: t.cpu(), "to another device": lambda t: t.to("neuron:1").cpu(),
+          "dlpack": lambda t: torch.from_numpy(np.from_dlpack(t).copy())}
+
+
+@pytest.mark.parametrize("read", _READS)
+def test_a_read_racing_another_threads_write_reads_one_value_not_a_donated_buffer(read, monkeypatch):
+    """A read (a transfer, a DLPack export) of a tensor whose buffer another thread's op donates meanwhile reads
+    the storage's new buffer (it raised "Array has been deleted")."""
+    shared = torch.zeros(6, device="neuron")
+    with torch.neuron.adaptive_eager(False):
+        shared.add_(1.0)  # compiled: from now on it donates at once
+        buffer_of = Storage.buffer
+        raced = []
+
+        def buffer_then_a_write(storage):
+            buffer = buffer_of.fget(storage)
+            if storage is shared._storage and not raced and threading.current_thread() is threading.main_thread():
+                raced.append(buffer)
+                _in_another_thread(lambda: shared.add_(1.0))
+            return buffer
+
+        monkeypatch.setattr(Storage, "buffer", property(buffer_then_a_write, buffer_of.fset))
+        values = _READS[read](shared)
+    assert raced and raced[0].is_deleted()
+    assert values.tolist() == [2.0] * 6
+
+
+def test_a_read_running_a_queue_never_undoes_another_threads_write(queued, monkeypatch):
+    """A read that runs the queue computing a tensor's value stores that value in the storage only if no other
+    thread wrote the storage meanwhile: it had put back the older value, losing the write."""
+    shared = torch.zeros(6, device="neuron")
+    shared.add_(1.0)  # known good: queued from now on
+    shared.add_(1.0)
+    resolve, raced = Pending.resolve, []
+
+    def resolve_then_a_write(pending):
+        array = resolve(pending)
+        if not raced:
+            raced.append(pending)
+            _in_another_thread(lambda: shared.add_(1.0))
+        return array
+
+    monkeypatch.setattr(Pending, "resolve", resolve_then_a_write)
+    assert shared.cpu().tolist() == [2.0] * 6
+    assert raced and shared.cpu().tolist() == [3.0] * 6
 
 
 def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what_it_donates(queued, monkeypatch):

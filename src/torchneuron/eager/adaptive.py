@@ -46,7 +46,7 @@ from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
 from ..runtime.program import OverMesh, compile_on_device, fast_call
-from ..runtime.storage import Pending, live_storages
+from ..runtime.storage import Pending, buffers_lock, live_storages
 from ..runtime.transfer import device_scalars, scalar_key
 
 _NUMBERS = (float, int, bool)
@@ -70,7 +70,7 @@ class Queue:
     queued by running it, and a program about to donate a buffer runs each queue that reads it (`run_readers`)."""
 
     enabled = False  # for every thread, as CUDA's settings are
-    lock = threading.RLock()
+    lock = buffers_lock
 
     def __init__(self, limit: int):
         self.limit = limit

@@ -276,7 +276,7 @@ def record_stream(func, args, kwargs):
 
 def _value(tensor: NeuronTensor):
     """The tensor's values as a (contiguous) device array."""
-    return transfers.row_major_buffer(tensor).reshape(tensor.shape)
+    return transfers.row_major_storage(tensor).buffer.reshape(tensor.shape)
 
 
 def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:

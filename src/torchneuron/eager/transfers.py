@@ -3,6 +3,7 @@ import torch
 
 from ..runtime import pending_checks, transfer
 from ..runtime.layout import covers_storage
+from ..runtime.storage import Storage, read_buffer
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import adaptive
 
@@ -14,19 +15,21 @@ def from_host(tensor: torch.Tensor, device_index: int) -> NeuronTensor:
     return wrap_buffer(transfer.host_to_device(tensor, device_index), tensor.shape, tensor.dtype, device_index)
 
 
-def row_major_buffer(tensor: NeuronTensor):
-    """A flat device buffer with the tensor's values in row-major order (its own, if it already is one): what
-    reading a tensor's values (on the host, in a data-dependent op, on another device) starts from."""
+def row_major_storage(tensor: NeuronTensor) -> Storage:
+    """A storage holding the tensor's values in row-major order (its own, if it already is one): what reading a
+    tensor's values (on the host, in a data-dependent op, on another device) starts from."""
     adaptive.refuse_while_capturing("reading a tensor's values")
     if not is_whole_storage(tensor):
         tensor = aten.clone.default(tensor, memory_format=torch.contiguous_format)
-    return tensor._storage.buffer
+    return tensor._storage
 
 
 def to_host(tensor: NeuronTensor) -> torch.Tensor:
     """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
     pending_checks.raise_failures(tensor.device.index)
-    return transfer.device_to_host(row_major_buffer(tensor), tensor.dtype).reshape(tensor.shape)
+    dtype = tensor.dtype
+    host = read_buffer(row_major_storage(tensor), lambda buffer: transfer.device_to_host(buffer, dtype))
+    return host.reshape(tensor.shape)
 
 
 def is_whole_storage(t: NeuronTensor) -> bool:
@@ -50,5 +53,5 @@ def bring_to_device(tensors: list) -> None:
 
 
 def move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    return wrap_buffer(transfer.device_to_device(row_major_buffer(tensor), device_index), tensor.shape, tensor.dtype,
-                       device_index)
+    moved = read_buffer(row_major_storage(tensor), lambda buffer: transfer.device_to_device(buffer, device_index))
+    return wrap_buffer(moved, tensor.shape, tensor.dtype, device_index)

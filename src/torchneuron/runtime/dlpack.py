@@ -11,6 +11,7 @@ import jax
 import torch
 
 from . import pending_checks
+from .storage import read_buffer
 
 
 def refuse_unexportable(tensor: torch.Tensor) -> None:
@@ -31,14 +32,18 @@ def shared_view(tensor: torch.Tensor) -> torch.Tensor:
         raise BufferError(
             "neuron: a complex32 tensor cannot be shared through DLPack: XLA holds its values as complex64, "
             "not in PyTorch's layout. Copy it first (`tensor.to(torch.complex64)` or `tensor.cpu()`).")
-    buffer = storage.buffer
     pending_checks.raise_failures(device_index)
+    return read_buffer(storage, _torch_view).view(dtype).as_strided(shape, stride, offset)
+
+
+def _torch_view(buffer) -> torch.Tensor:
     jax.block_until_ready(buffer)
     try:
-        flat = torch.from_dlpack(buffer)
+        return torch.from_dlpack(buffer)
     except (BufferError, RuntimeError, TypeError) as error:
+        if buffer.is_deleted():
+            raise
         raise _unviewable(buffer, error) from error
-    return flat.view(dtype).as_strided(shape, stride, offset)
 
 
 def memory_device(tensor: torch.Tensor) -> tuple:

@@ -4,6 +4,7 @@ PyTorch tensors alias; JAX arrays are immutable. A Storage is the mutable
 cell: tensors are (storage, sizes, strides, offset) exactly as in PyTorch, and
 a write through any of them replaces the storage's buffer.
 """
+import threading
 import weakref
 
 import jax
@@ -42,6 +43,27 @@ class Pending:
                     "(adaptive eager; see the first error). Please report it with the failing code."
                 )
         return self.array
+
+
+# taken by a program that donates buffers from taking them until their storages hold its new ones (once several
+# threads run neuron ops), and by adaptive eager's queues to record and run (eager/adaptive.py)
+buffers_lock = threading.RLock()
+
+
+def read_buffer(storage, use):
+    """`use(storage.buffer)`, done again on the storage's newer buffer where another thread's program donated the
+    one being read meanwhile: a read racing a write gets the old values or the new ones (on CUDA, either or a
+    mix of the two), not "Array has been deleted"."""
+    while True:
+        buffer = storage.buffer
+        try:
+            return use(buffer)
+        except Exception:
+            if not buffer.is_deleted():
+                raise
+            with buffers_lock:  # the donor lets go once the storage holds its new buffer
+                if storage._buffer is buffer:  # deleted, not donated: there is nothing newer to read
+                    raise
 
 
 def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
@@ -98,10 +120,16 @@ class Storage:
     def buffer(self) -> jax.Array:
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = _zeros(self.numel, to_jax(self.dtype), self.device_index)
+            value = _zeros(self.numel, to_jax(self.dtype), self.device_index)
         elif type(buffer) is Pending:
-            buffer = self._buffer = buffer.resolve()
-        return buffer
+            value = buffer.resolve()
+        else:
+            return buffer
+        # kept only if no other thread has written the storage meanwhile (its op, queued while this one ran a
+        # queue, gave it a newer buffer): a read never undoes a write
+        if self._buffer is buffer:
+            self._buffer = value
+        return value
 
     @buffer.setter
     def buffer(self, value: jax.Array) -> None:
