@@ -353,29 +353,31 @@ def subgroups_default_to_the_neuron_devices() -> None:
 
 
 @_patch
-def process_groups_report_the_neuron_device() -> None:
-    """A process group names its device through the C++ backends registered on it, and the neuron process
-    group is a Python ProcessGroup, on which init_process_group registers none: c10d's _get_pg_default_device,
-    which FSDP's optimizer state dict and distributed checkpoint helpers ask, raised "Default device not
-    found". For a group of the neuron backend it is the neuron device, as NCCL's is CUDA."""
+def checkpoint_staging_leaves_the_device_view_behind() -> None:
+    """Distributed checkpoint's async save stages a state dict in host memory with a deep copy of its own
+    (StateDictStager), which copies each tensor's storage to the host and its Python attributes onto the copy.
+    A neuron tensor's view of its device storage is kept in such attributes; copying them failed ("cannot pickle
+    'PyCapsule' object"). They are left out: the host copy is a CPU tensor like any other."""
     if not torch.distributed.is_available():
         return
-    c10d = importlib.import_module("torch.distributed.distributed_c10d")
-    default_device = getattr(c10d, "_get_pg_default_device", None)  # deprecated: it may go
-    if default_device is None:
-        return
 
-    @functools.wraps(default_device)
-    def neuron_or_default_device(group=None):
-        chosen = group or c10d._get_default_group()
-        if isinstance(chosen, c10d.ProcessGroup) and not chosen._device_types and chosen.name() == "neuron":
-            return torch.device("neuron")
-        return default_device(group)
+    def patch(stager_module):
+        offload = stager_module.StateDictStager._offload_tensor
 
-    c10d._get_pg_default_device = neuron_or_default_device
-    # FSDP's optimizer state dict took the function by name
-    _when_imported("torch.distributed.fsdp._optim_utils",
-                   lambda module: setattr(module, "_get_pg_default_device", neuron_or_default_device))
+        @functools.wraps(offload)
+        def _offload_tensor(self, x, memo, non_blocking=False):
+            if type(x) is not NeuronTensor:
+                return offload(self, x, memo, non_blocking)
+            for own in (x._storage, x._spec):
+                memo[id(own)] = None  # the deep copy finds them copied already, as nothing
+            staged = offload(self, x, memo, non_blocking)
+            for name in ("_storage", "_spec"):
+                staged.__dict__.pop(name, None)
+            return staged
+
+        stager_module.StateDictStager._offload_tensor = _offload_tensor
+
+    _when_imported("torch.distributed.checkpoint._state_dict_stager", patch)
 
 
 @_patch
@@ -1018,7 +1020,7 @@ def apply() -> None:
     accelerator_api_routes_to_torch_neuron()
     data_parallel_copies_between_neuron_devices()
     subgroups_default_to_the_neuron_devices()
-    process_groups_report_the_neuron_device()
+    checkpoint_staging_leaves_the_device_view_behind()
     fsdp1_offloads_neuron_parameters_by_copy()
     torch_profiler_sessions_reach_neuron()
     flex_attention_accepts_neuron()

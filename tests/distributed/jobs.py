@@ -25,8 +25,8 @@ WORLD = int(os.environ["WORLD_SIZE"])
 DEVICE = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 
 
-def init(backend="neuron", seconds=60):
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
+def init(backend="neuron", seconds=60, **options):
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds), **options)
 
 
 def inputs(rank, dtype=torch.float32, shape=(3, 4)):
@@ -271,12 +271,20 @@ def job_collectives():
     # a second process group in the same process, device-mapped: CPU tensors go to gloo. Its store gets
     # a port of its own: on the first one, a fast rank could reach the store rank 0 is still shutting down
     os.environ["MASTER_PORT"] = os.environ["REINIT_PORT"]
-    init("cpu:gloo,neuron:neuron")
+    # bound to this rank's device, as CUDA code binds NCCL's (which connects at once and splits later groups
+    # from it): the neuron group makes its groups, and DeviceMesh's, as unbound
+    init("cpu:gloo,neuron:neuron", device_id=DEVICE)
+    assert {d.type for d in dist.distributed_c10d._get_default_group()._device_types} == {"cpu", "neuron"}
     cpu, neuron = inputs(RANK), inputs(RANK).to(DEVICE)
     dist.all_reduce(cpu)
-    dist.all_reduce(neuron)
+    dist.all_reduce(neuron, group=dist.new_group(list(range(WORLD)), device_id=DEVICE))
     equal(neuron, expected_reduction("SUM", torch.float32), "all_reduce after re-initialising")
     equal(cpu.to(DEVICE), expected_reduction("SUM", torch.float32), "gloo all_reduce of CPU tensors")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("neuron", (WORLD,))
+    equal(funcol.all_reduce(inputs(RANK).to(DEVICE), "sum", mesh), expected_reduction("SUM", torch.float32),
+          "funcol.all_reduce over a mesh of a bound group")
     dist.destroy_process_group()
 
 

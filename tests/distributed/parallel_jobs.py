@@ -409,18 +409,19 @@ def job_p2p_order():
     dist.destroy_process_group()
 
 
+def sharded_model(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 16, device=DEVICE)).sum().backward()
+    opt.step()
+    return model, opt
+
+
 def checkpoint_round_trip(path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    def sharded_model(seed):
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(DEVICE)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        model(torch.randn(4, 16, device=DEVICE)).sum().backward()
-        opt.step()
-        return model, opt
 
     model, opt = sharded_model(0)
     model_state, opt_state = get_state_dict(model, opt)
@@ -441,6 +442,29 @@ def checkpoint_round_trip(path):
         o.step()
     for a, b in zip(model.parameters(), restored.parameters()):
         same(b.full_tensor(), a.full_tensor().cpu(), "parameter after a resumed step")
+
+
+def async_checkpoint_and_rank0_broadcast(path):
+    """dcp.async_save (which needs the group to have a CPU backend) stages the sharded state in host memory and
+    writes it in the background; a full state dict given on rank 0 alone loads into every rank's shards
+    (broadcast_from_rank0, which reads the group's devices)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    model, _ = sharded_model(0)
+    dcp.async_save({"model": get_model_state_dict(model)}, checkpoint_id=path).result()
+    restored, _ = sharded_model(1)
+    state = {"model": get_model_state_dict(restored)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(restored, state["model"])
+    for a, b in zip(model.parameters(), restored.parameters()):
+        same(b.full_tensor(), a.full_tensor().cpu(), "parameter saved asynchronously")
+    full = {name: value.full_tensor().cpu() for name, value in model.state_dict().items()}
+    broadcast, _ = sharded_model(2)
+    set_model_state_dict(broadcast, full if RANK == 0 else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for a, b in zip(model.parameters(), broadcast.parameters()):
+        same(b.full_tensor(), a.full_tensor().cpu(), "parameter broadcast from rank 0")
 
 
 def job_checkpoint_on_one_rank(path):
@@ -474,6 +498,8 @@ def job_pipeline_checkpoint_compile(path):
     pipeline_schedules()
     checkpoint_round_trip(path)
     print("passed distributed checkpoint", flush=True)
+    async_checkpoint_and_rank0_broadcast(path + "-async")
+    print("passed async checkpoint and rank-0 broadcast", flush=True)
     compiled_fsdp()
     print("passed compiled fsdp2", flush=True)
     dist.destroy_process_group()

@@ -13,7 +13,7 @@ from . import launch
 def test_collectives_views_async_groups_functional_and_reinit():
     """Every collective and ReduceOp against CPU-computed results, strided views written in place,
     async Work and overlap, p2p, subgroups, object and functional collectives, device mesh, then a
-    second init_process_group("cpu:gloo,neuron:neuron") in the same processes."""
+    second init_process_group("cpu:gloo,neuron:neuron", device_id=...) in the same processes."""
     launch.check(launch.run("collectives"))
 
 

@@ -28,8 +28,8 @@ def test_dtensor_tensor_sequence_and_loss_parallel():
 
 
 def test_pipelining_checkpoints_and_compiled_fsdp2(tmp_path):
-    """GPipe and 1F1B schedules, a sharded checkpoint saved, reloaded and resumed, compiled FSDP2; then
-    the 2-rank checkpoint loads into one process."""
+    """GPipe and 1F1B schedules, a sharded checkpoint saved, reloaded and resumed, saved asynchronously, a full
+    state dict broadcast from rank 0, compiled FSDP2; then the 2-rank checkpoint loads into one process."""
     path = str(tmp_path / "checkpoint")
     launch.check(launch.run("pipeline_checkpoint_compile", path, timeout=240, jobs=JOBS))
     launch.check(launch.run("checkpoint_on_one_rank", path, world=1, timeout=120, jobs=JOBS))

@@ -149,6 +149,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._calls = {}  # participants -> programs run: the same count on every rank while they agree
         self._coalesced = None  # works issued inside a coalescing manager
         self._in_flight = []  # sends and receives not known complete: gloo cancels one whose work is freed
+        # PyTorch reads a group's devices from the C++ backends registered on it (the device of object
+        # collectives and of a full state dict's broadcast, whether distributed checkpoint's async save has a
+        # CPU backend); this group's collectives are its own Python methods, for CPU tensors (through its gloo
+        # group) and neuron tensors alike, so the device types are registered without a C++ backend
+        kinds = dist.ProcessGroup.BackendType
+        for device, kind in (("cpu", kinds.GLOO), ("neuron", kinds.CUSTOM)):
+            self._register_backend(torch.device(device), kind, None)
 
     # --- names: functional collectives look groups up by name ------------------------------------------
 
@@ -170,6 +177,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
     @property
     def supports_splitting(self) -> bool:
         return False
+
+    def _get_backend(self, device):
+        """What runs the collectives of `device`'s tensors: for CPU tensors gloo, for neuron tensors this group,
+        which does not split (so `init_process_group(device_id=neuron:i)` and `new_group(device_id=...)`, which
+        ask, make their groups as without it; it raised "No backend type associated with device type neuron")."""
+        kind = torch.device(device).type
+        if kind == "cpu" and self._cpu is not None:
+            return self._cpu
+        return self if kind == "neuron" else super()._get_backend(device)
 
     # --- plumbing ---------------------------------------------------------------------------------------
 
