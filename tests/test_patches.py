@@ -209,3 +209,18 @@ def test_parameter_data_moves_between_the_cpu_and_neuron_in_place():
     assert view.device.type == "neuron"
     with no_dispatch():  # FSDP records its streams with Python dispatch off
         on_neuron.record_stream(torch.neuron.current_stream())
+
+
+def test_checkpoint_staging_copies_neuron_tensors_to_the_host_with_their_attributes():
+    """Distributed checkpoint's async staging (StateDictStager) copies each tensor to host memory with its Python
+    attributes: views of one neuron storage share one host storage, user attributes come along, the neuron
+    tensor's own view of its device storage does not (its deep copy failed: "cannot pickle 'PyCapsule'")."""
+    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+    base = torch.arange(12.0).to("neuron")
+    view = base.view(3, 4)[:, 1:]
+    view.note = "kept"
+    staged = StateDictStager(pin_memory=False, share_memory=False).stage({"view": view, "base": base, "step": 3})
+    assert staged["view"].device.type == "cpu" and staged["view"].__dict__ == {"note": "kept"}
+    assert torch.equal(staged["view"], torch.arange(12.0).view(3, 4)[:, 1:]) and staged["step"] == 3
+    assert staged["view"].untyped_storage().data_ptr() == staged["base"].untyped_storage().data_ptr()
