@@ -362,7 +362,9 @@ def checkpoint_staging_leaves_the_device_view_behind() -> None:
         return
 
     def patch(stager_module):
-        offload = stager_module.StateDictStager._offload_tensor
+        offload = getattr(stager_module.StateDictStager, "_offload_tensor", None)  # private: it may change
+        if offload is None:
+            return
 
         @functools.wraps(offload)
         def _offload_tensor(self, x, memo, non_blocking=False):
