@@ -21,12 +21,7 @@ import torch  # noqa: E402
 import torchneuron  # noqa: F401  (also autoloaded by `import torch`; importing keeps tests explicit)
 
 # "file::test[param]" -> why it cannot pass yet (strict: an unexpected pass is reported)
-EXPECTED_FAILURES = {
-    "test_training.py::test_safetensors_load_onto_neuron": (
-        "safetensors' Rust loader accepts only the device names it knows (cpu, cuda, mps, ...); load onto the "
-        "CPU and move with .to('neuron') (test_safetensors_round_trip)."
-    ),
-}
+EXPECTED_FAILURES = {}
 
 
 # "file" or "file::test" (all its parameters) -> (the first PyTorch release it runs on, why not before)

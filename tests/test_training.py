@@ -363,10 +363,27 @@ def test_safetensors_save_neuron_tensors(tmp_path):
 
 
 def test_safetensors_load_onto_neuron(tmp_path):
+    """load_file, load_model and safe_open (tensors and slices) take a neuron device, as they take CUDA's (their
+    Rust loader knows only its own device names)."""
     safetensors = pytest.importorskip("safetensors.torch")
+    from safetensors import safe_open
+
+    model, _ = _trained("cpu")
     path = str(tmp_path / "model.safetensors")
-    safetensors.save_file({"x": torch.arange(4.0)}, path)
-    assert safetensors.load_file(path, device="neuron")["x"].device.type == "neuron"
+    safetensors.save_file(model.state_dict(), path)
+    loaded = safetensors.load_file(path, device="neuron:1")
+    assert loaded.keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        assert loaded[key].device == torch.device("neuron", 1)
+        torch.testing.assert_close(loaded[key].cpu(), value, rtol=0, atol=0)
+    restored = _model(seed=1).to("neuron")
+    safetensors.load_model(restored, path, device="neuron")
+    torch.testing.assert_close(restored[0].weight.cpu(), model[0].weight, rtol=0, atol=0)
+    with safe_open(path, framework="pt", device=torch.device("neuron")) as opened:
+        assert set(opened.keys()) == set(loaded)
+        rows = opened.get_slice("0.weight")[1:3]
+        assert rows.device.type == "neuron" and opened.get_tensor("0.bias").device.type == "neuron"
+    torch.testing.assert_close(rows.cpu(), model[0].weight[1:3], rtol=0, atol=0)
 
 
 # --- data ------------------------------------------------------------------------------------------------

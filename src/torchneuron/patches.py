@@ -1,5 +1,5 @@
-"""Every patch TorchNeuron applies to PyTorch (and one to Hugging Face transformers), one function each, naming
-the upstream gap.
+"""Every patch TorchNeuron applies to PyTorch (and one each to Hugging Face transformers and safetensors), one
+function each, naming the upstream gap.
 
 Runtime patches (applied on import): a Python backend has no C++ allocator,
 device guard or hooks beyond the basics, so PyTorch paths that need them are
@@ -648,6 +648,68 @@ def transformers_sees_neuron_graph_captures() -> None:
     _when_imported("transformers.utils.import_utils", patch)
 
 
+@_patch
+def safetensors_loads_onto_neuron() -> None:
+    """safetensors' loader (in Rust) takes only the device names it knows (cpu, cuda, mps, xpu, ...):
+    `safetensors.torch.load_file(path, device="neuron")`, `load_model(..., device="neuron")` and
+    `safe_open(..., device="neuron")` raised "device neuron is invalid". Given a neuron device, the file is
+    read on the CPU and each tensor handed over on the device, as safetensors moves them to CUDA."""
+
+    def patch(module):
+        opens = module.safe_open
+        if getattr(opens, "neuron_patched", False):
+            return
+
+        @functools.wraps(opens)
+        def safe_open(filename, framework, device="cpu", **kwargs):
+            if not _is_neuron(device):
+                return opens(filename, framework, device=device, **kwargs)
+            return _ReadOnTheHost(opens(filename, framework, device="cpu", **kwargs), torch.device(device))
+
+        safe_open.neuron_patched = True
+        module.safe_open = safe_open
+
+    _when_imported("safetensors", patch)
+    _when_imported("safetensors.torch", patch)  # which took the name at its import
+
+
+class _ReadOnTheHost:
+    """A safetensors file opened on the CPU whose tensors (and slices) are handed over on `device`."""
+
+    def __init__(self, opened, device):
+        self._opened, self._device = opened, device
+
+    def __enter__(self):
+        self._opened.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._opened.__exit__(*exc_info)
+
+    def get_tensor(self, name):
+        return self._opened.get_tensor(name).to(self._device)
+
+    def get_tensors(self):
+        return {name: tensor.to(self._device) for name, tensor in self._opened.get_tensors().items()}
+
+    def get_slice(self, name):
+        return _SliceOnTheHost(self._opened.get_slice(name), self._device)
+
+    def __getattr__(self, name):  # keys, metadata, offset_keys: as the file has them
+        return getattr(self._opened, name)
+
+
+class _SliceOnTheHost:
+    def __init__(self, opened, device):
+        self._opened, self._device = opened, device
+
+    def __getitem__(self, index):
+        return self._opened[index].to(self._device)
+
+    def __getattr__(self, name):  # get_shape, get_dtype
+        return getattr(self._opened, name)
+
+
 class _WhenImported(importlib.abc.MetaPathFinder):
     """Calls `then(module)` once the module named `name` is imported, after its own code ran; `then` only wraps
     attributes (importing anything there could meet modules still being imported)."""
@@ -1033,6 +1095,7 @@ def apply() -> None:
     ctc_loss_reads_tensor_lengths_on_the_host()
     profiler_activity_named_neuron()
     transformers_sees_neuron_graph_captures()
+    safetensors_loads_onto_neuron()
     apply.done = True
 
 
