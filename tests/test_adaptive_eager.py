@@ -1,4 +1,5 @@
 """Adaptive eager: queued ops run as one fused executable with the results of op-by-op eager."""
+import collections
 import gc
 import threading
 import time
@@ -264,6 +265,29 @@ def test_unread_device_checks_past_their_limit_are_read_at_the_op_when_computed(
             for _ in range(4):
                 torch.nn.functional.embedding(torch.tensor([1, 2], device="neuron"), on_device)
         assert not pending_checks._pending.get(0)
+
+
+def test_a_device_check_added_while_another_thread_reads_the_checks_is_kept(monkeypatch):
+    """A thread reading a device's checks takes them out and puts back those it does not read; a check another
+    thread's op adds in between is kept (it was dropped: its error never raised)."""
+    adder = threading.Thread(target=pending_checks.add,
+                             args=(0, "the other thread's op", [np.array(False)], [(IndexError, "out of range")]))
+
+    class AddsWhileTaken(collections.defaultdict):
+        def pop(self, *args):
+            taken = super().pop(*args)
+            if not adder.ident:
+                adder.start()
+                adder.join(timeout=0.2)  # it waits for the reader to put back what it keeps
+            return taken
+
+    monkeypatch.setattr(pending_checks, "_pending", AddsWhileTaken(list))
+    for _ in range(2):
+        pending_checks.add(0, "an op", [np.array(True)], [(IndexError, "out of range")])
+    pending_checks._raise_failures_of(0, 1)  # reads the first, keeps the second
+    adder.join(timeout=10)
+    with pytest.raises(IndexError, match="raised by the other thread's op"):
+        pending_checks.raise_failures(0)
 
 
 def test_synchronize_runs_the_queue(queued):

@@ -1,6 +1,7 @@
 """Device-side value checks waiting to be read (see ops/checks.py), raised at synchronisation points."""
 import collections
 import os
+import threading
 
 import numpy as np
 
@@ -11,12 +12,16 @@ LIMIT = 1024
 # each op's checks read as it is launched: errors name the failing op's call site (a debugging aid)
 BLOCKING = os.environ.get("TORCHNEURON_LAUNCH_BLOCKING", "0") == "1"
 _pending = collections.defaultdict(list)
+# a thread reading a device's checks takes them out and puts back the unread ones: a check another thread's op
+# added in between was dropped (an error never raised)
+_lock = threading.Lock()
 
 
 def add(device_index: int, op, conditions, errors) -> None:
     """`conditions`: the op's check results, arrays or (queued by adaptive eager) Pending buffers."""
-    queue = _pending[device_index]
-    queue.append((op, conditions, errors))
+    with _lock:
+        queue = _pending[device_index]
+        queue.append((op, conditions, errors))
     if BLOCKING:
         raise_failures(device_index)
     elif len(queue) > LIMIT:
@@ -31,10 +36,11 @@ def add(device_index: int, op, conditions, errors) -> None:
 def take(device_index: int, condition_taken) -> list:
     """Remove and return the device's unread checks with a condition for which `condition_taken` holds."""
     kept, taken = [], []
-    for check in _pending.get(device_index, []):
-        (taken if any(condition_taken(c) for c in check[1]) else kept).append(check)
-    if taken:
-        _pending[device_index] = kept
+    with _lock:
+        for check in _pending.get(device_index, []):
+            (taken if any(condition_taken(c) for c in check[1]) else kept).append(check)
+        if taken:
+            _pending[device_index] = kept
     return taken
 
 
@@ -53,10 +59,11 @@ def raise_failures(device_index: int) -> None:
 
 def _raise_failures_of(device_index: int, count: int) -> None:
     """Raise the first failed check of the device's first `count` (which are consumed, the rest kept)."""
-    queue = _pending.pop(device_index, [])
-    read, kept = queue[:count], queue[count:]
-    if kept:
-        _pending[device_index] = kept
+    with _lock:
+        queue = _pending.pop(device_index, [])
+        read, kept = queue[:count], queue[count:]
+        if kept:
+            _pending[device_index] = kept
     when = "at the op (TORCHNEURON_LAUNCH_BLOCKING=1)" if BLOCKING else "at synchronisation"
     for op, conditions, errors in read:
         for condition, (error_type, message) in zip(conditions, errors):
