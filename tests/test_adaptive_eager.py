@@ -424,6 +424,33 @@ def test_a_read_racing_another_threads_write_reads_one_value_not_a_donated_buffe
     assert values.tolist() == [2.0] * 6
 
 
+def test_a_graph_replay_reads_its_inputs_before_another_threads_op_donates_them(monkeypatch):
+    """A captured graph's replay takes the buffers it reads and launches its program with no other thread's op
+    donating one of them in between (the launch raised "Buffer has been deleted or donated"); that op runs
+    after it."""
+    shared = torch.ones(6, device="neuron")
+    with torch.neuron.adaptive_eager(False):
+        shared.add_(1.0)  # compiled: from now on it donates at once
+        graph = torch.neuron.NeuronGraph()
+        with torch.neuron.graph(graph):
+            doubled = shared * 2.0
+        buffer_of, writer = Storage.buffer, threading.Thread(target=lambda: shared.add_(1.0))
+
+        def buffer_then_a_write(storage):
+            buffer = buffer_of.fget(storage)
+            in_replay = threading.current_thread() is threading.main_thread()
+            if storage is shared._storage and not writer.ident and in_replay:
+                writer.start()
+                writer.join(timeout=0.2)  # it waits for the replay's launch
+            return buffer
+
+        monkeypatch.setattr(Storage, "buffer", property(buffer_then_a_write, buffer_of.fset))
+        graph.replay()
+        writer.join(timeout=10)
+        monkeypatch.undo()
+    assert doubled.cpu().tolist() == [4.0] * 6 and shared.cpu().tolist() == [3.0] * 6
+
+
 def test_a_read_running_a_queue_never_undoes_another_threads_write(queued, monkeypatch):
     """A read that runs the queue computing a tensor's value stores that value in the storage only if no other
     thread wrote the storage meanwhile: it had put back the older value, losing the write."""

@@ -360,17 +360,19 @@ class CapturedGraph:
             [(str(e.op), getattr(e, "signature", None), args) for e, args, _ in ops], external_values, kept]
 
     def replay(self) -> None:
-        current().flush()  # work queued before the replay: it may write what the graph reads
-        externals = list(self.externals)
-        for i, storage, numel in self.reads:
-            externals[i] = storage.buffer if storage.numel == numel else self._freed(storage, numel)
-        for i, generator in self.keys:
-            externals[i] = rng.next_key(self.device_index, generator)
-        run = self.compiled or self._compile_and_run
-        results = (events.graph_replay(run, externals, len(self.ops), self.device_index, self.compiled is None)
-                   if events.listening else run(*externals))
-        for storage, array in zip(self.writes, results):
-            storage.buffer = array
+        # no other thread may donate a buffer the graph reads between its taking it and the program's launch
+        with Queue.lock:
+            current().flush()  # work queued before the replay: it may write what the graph reads
+            externals = list(self.externals)
+            for i, storage, numel in self.reads:
+                externals[i] = storage.buffer if storage.numel == numel else self._freed(storage, numel)
+            for i, generator in self.keys:
+                externals[i] = rng.next_key(self.device_index, generator)
+            run = self.compiled or self._compile_and_run
+            results = (events.graph_replay(run, externals, len(self.ops), self.device_index, self.compiled is None)
+                       if events.listening else run(*externals))
+            for storage, array in zip(self.writes, results):
+                storage.buffer = array
         checked = results[len(self.writes):]
         for op, n, errors in self.checks:
             pending_checks.add(self.device_index, op, checked[:n], errors)
