@@ -397,6 +397,24 @@ def _in_another_thread(body) -> None:
     assert not errors, errors
 
 
+def _written_once_read(monkeypatch, tensor, write, wait: float) -> list:
+    """Storage.buffer patched so that the main thread's first read of `tensor`'s storage starts `write` in another
+    thread and gives it `wait` seconds, as another thread's op may run between a read and the use of what it
+    read. Returns [the buffer read, the thread] once that has happened."""
+    buffer_of, raced = Storage.buffer, []
+
+    def buffer_then_a_write(storage):
+        buffer = buffer_of.fget(storage)
+        if storage is tensor._storage and not raced and threading.current_thread() is threading.main_thread():
+            raced.extend((buffer, threading.Thread(target=write)))
+            raced[1].start()
+            raced[1].join(timeout=wait)
+        return buffer
+
+    monkeypatch.setattr(Storage, "buffer", property(buffer_then_a_write, buffer_of.fset))
+    return raced
+
+
 _READS = {"cpu": lambda t: t.cpu(), "to another device": lambda t: t.to("neuron:1").cpu(),
           "dlpack": lambda t: torch.from_numpy(np.from_dlpack(t).copy())}
 
@@ -408,17 +426,7 @@ def test_a_read_racing_another_threads_write_reads_one_value_not_a_donated_buffe
     shared = torch.zeros(6, device="neuron")
     with torch.neuron.adaptive_eager(False):
         shared.add_(1.0)  # compiled: from now on it donates at once
-        buffer_of = Storage.buffer
-        raced = []
-
-        def buffer_then_a_write(storage):
-            buffer = buffer_of.fget(storage)
-            if storage is shared._storage and not raced and threading.current_thread() is threading.main_thread():
-                raced.append(buffer)
-                _in_another_thread(lambda: shared.add_(1.0))
-            return buffer
-
-        monkeypatch.setattr(Storage, "buffer", property(buffer_then_a_write, buffer_of.fset))
+        raced = _written_once_read(monkeypatch, shared, lambda: shared.add_(1.0), wait=60)
         values = _READS[read](shared)
     assert raced and raced[0].is_deleted()
     assert values.tolist() == [2.0] * 6
@@ -426,27 +434,16 @@ def test_a_read_racing_another_threads_write_reads_one_value_not_a_donated_buffe
 
 def test_a_graph_replay_reads_its_inputs_before_another_threads_op_donates_them(monkeypatch):
     """A captured graph's replay takes the buffers it reads and launches its program with no other thread's op
-    donating one of them in between (the launch raised "Buffer has been deleted or donated"); that op runs
-    after it."""
+    donating one of them in between (the launch raised "Array has been deleted"); that op runs after it."""
     shared = torch.ones(6, device="neuron")
     with torch.neuron.adaptive_eager(False):
         shared.add_(1.0)  # compiled: from now on it donates at once
         graph = torch.neuron.NeuronGraph()
         with torch.neuron.graph(graph):
             doubled = shared * 2.0
-        buffer_of, writer = Storage.buffer, threading.Thread(target=lambda: shared.add_(1.0))
-
-        def buffer_then_a_write(storage):
-            buffer = buffer_of.fget(storage)
-            in_replay = threading.current_thread() is threading.main_thread()
-            if storage is shared._storage and not writer.ident and in_replay:
-                writer.start()
-                writer.join(timeout=0.2)  # it waits for the replay's launch
-            return buffer
-
-        monkeypatch.setattr(Storage, "buffer", property(buffer_then_a_write, buffer_of.fset))
+        raced = _written_once_read(monkeypatch, shared, lambda: shared.add_(1.0), wait=0.2)  # it waits for the launch
         graph.replay()
-        writer.join(timeout=10)
+        raced[1].join(timeout=10)
         monkeypatch.undo()
     assert doubled.cpu().tolist() == [4.0] * 6 and shared.cpu().tolist() == [3.0] * 6
 
