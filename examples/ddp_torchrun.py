@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def main(steps: int = 20) -> None:
     device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
     torch.neuron.set_device(device)  # under torchrun this is already the process's own device
-    dist.init_process_group("neuron")
+    dist.init_process_group("neuron", device_id=device)  # as CUDA code binds its group to the device
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1)).to(device))
