@@ -432,6 +432,20 @@ def test_a_read_racing_another_threads_write_reads_one_value_not_a_donated_buffe
     assert values.tolist() == [2.0] * 6
 
 
+@pytest.mark.parametrize("op", [torch.unique, torch.nonzero])
+def test_a_data_dependent_op_racing_another_threads_write_reads_one_value(op, monkeypatch):
+    """An op whose result's shape depends on the values (run on concrete arrays, not as a program) reading a
+    tensor whose buffer another thread's op donates meanwhile reads the storage's new buffer."""
+    shared = torch.zeros(6, device="neuron")
+    with torch.neuron.adaptive_eager(False):
+        shared.add_(1.0)  # compiled: from now on it donates at once
+        expected = op(shared.cpu() + 1.0)
+        raced = _written_once_read(monkeypatch, shared, lambda: shared.add_(1.0), wait=60)
+        result = op(shared)
+    assert raced and raced[0].is_deleted()
+    torch.testing.assert_close(result.cpu(), expected)
+
+
 def test_a_graph_replay_reads_its_inputs_before_another_threads_op_donates_them(monkeypatch):
     """A captured graph's replay takes the buffers it reads and launches its program with no other thread's op
     donating one of them in between (the launch raised "Array has been deleted"); that op runs after it."""

@@ -274,9 +274,6 @@ def record_stream(func, args, kwargs):
     return None
 
 
-def _value(tensor: NeuronTensor):
-    """The tensor's values as a (contiguous) device array."""
-    return transfers.row_major_storage(tensor).buffer.reshape(tensor.shape)
 
 
 def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:
@@ -334,8 +331,15 @@ def _on_values(fn, args, kwargs):
         args, kwargs = tree_map(lambda v: brought.get(id(v), v), (args, kwargs))
         tensors = on_device
     device_index, carried_complex = tensors[0].device.index, _carried_complex(tensors)
-    concrete = tree_map(lambda v: _value(v) if isinstance(v, NeuronTensor) else v, (args, kwargs))
-    out = fn(*concrete[0], **concrete[1])
+    read = [v for v in tree_leaves((args, kwargs)) if isinstance(v, NeuronTensor)]
+
+    def on_buffers(buffers):
+        # each tensor's values as a (contiguous) device array, in the order tree_leaves and tree_map visit them
+        values = iter([buffer.reshape(t.shape) for buffer, t in zip(buffers, read)])
+        concrete = tree_map(lambda v: next(values) if isinstance(v, NeuronTensor) else v, (args, kwargs))
+        return fn(*concrete[0], **concrete[1])
+
+    out = storage.read_buffers([transfers.row_major_storage(t) for t in read], on_buffers)
     return tree_map(lambda a: from_array(a, device_index, carried_complex) if _is_result(a) else a, out,
                     is_leaf=_is_result)
 

@@ -3,7 +3,7 @@ import torch
 
 from ..runtime import pending_checks, transfer
 from ..runtime.layout import covers_storage
-from ..runtime.storage import Storage, read_buffer
+from ..runtime.storage import Storage, read_buffers
 from ..runtime.tensor import NeuronTensor, wrap_buffer
 from . import adaptive
 
@@ -28,7 +28,7 @@ def to_host(tensor: NeuronTensor) -> torch.Tensor:
     """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
     pending_checks.raise_failures(tensor.device.index)
     dtype = tensor.dtype
-    host = read_buffer(row_major_storage(tensor), lambda buffer: transfer.device_to_host(buffer, dtype))
+    host = read_buffers([row_major_storage(tensor)], lambda buffers: transfer.device_to_host(buffers[0], dtype))
     return host.reshape(tensor.shape)
 
 
@@ -53,5 +53,6 @@ def bring_to_device(tensors: list) -> None:
 
 
 def move(tensor: NeuronTensor, device_index: int) -> NeuronTensor:
-    moved = read_buffer(row_major_storage(tensor), lambda buffer: transfer.device_to_device(buffer, device_index))
+    moved = read_buffers([row_major_storage(tensor)],
+                         lambda buffers: transfer.device_to_device(buffers[0], device_index))
     return wrap_buffer(moved, tensor.shape, tensor.dtype, device_index)

@@ -11,7 +11,7 @@ import jax
 import torch
 
 from . import pending_checks
-from .storage import read_buffer
+from .storage import read_buffers
 
 
 def refuse_unexportable(tensor: torch.Tensor) -> None:
@@ -33,10 +33,11 @@ def shared_view(tensor: torch.Tensor) -> torch.Tensor:
             "neuron: a complex32 tensor cannot be shared through DLPack: XLA holds its values as complex64, "
             "not in PyTorch's layout. Copy it first (`tensor.to(torch.complex64)` or `tensor.cpu()`).")
     pending_checks.raise_failures(device_index)
-    return read_buffer(storage, _torch_view).view(dtype).as_strided(shape, stride, offset)
+    return read_buffers([storage], _torch_view).view(dtype).as_strided(shape, stride, offset)
 
 
-def _torch_view(buffer) -> torch.Tensor:
+def _torch_view(buffers) -> torch.Tensor:
+    buffer, = buffers
     jax.block_until_ready(buffer)
     try:
         return torch.from_dlpack(buffer)

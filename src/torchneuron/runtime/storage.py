@@ -50,20 +50,21 @@ class Pending:
 buffers_lock = threading.RLock()
 
 
-def read_buffer(storage, use):
-    """`use(storage.buffer)`, done again on the storage's newer buffer where another thread's program donated the
-    one being read meanwhile: a read racing a write gets the old values or the new ones (on CUDA, either or a
-    mix of the two), not "Array has been deleted"."""
+def read_buffers(storages, use):
+    """`use(buffers)` of the storages' buffers, done again on their newer buffers where another thread's program
+    donated one being read meanwhile: a read racing a write gets the old values or the new ones (on CUDA, either
+    or a mix of the two), not "Array has been deleted"."""
     while True:
-        buffer = storage.buffer
+        buffers = [storage.buffer for storage in storages]
         try:
-            return use(buffer)
+            return use(buffers)
         except Exception:
-            if not buffer.is_deleted():
+            deleted = [(storage, buffer) for storage, buffer in zip(storages, buffers) if buffer.is_deleted()]
+            if not deleted:
                 raise
-            with buffers_lock:  # the donor lets go once the storage holds its new buffer
-                if storage._buffer is buffer:  # deleted, not donated: there is nothing newer to read
-                    raise
+            with buffers_lock:  # a donor lets go once the storage holds its new buffer
+                if all(storage._buffer is buffer for storage, buffer in deleted):
+                    raise  # deleted, not donated: there is nothing newer to read
 
 
 def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
