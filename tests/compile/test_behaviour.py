@@ -392,6 +392,29 @@ def test_compiled_activation_checkpointing_replays_dropout():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+def test_compiled_autograd_compiles_the_backward_graph_with_the_neuron_backend():
+    """Compiled autograd hands the whole backward to the backend as one graph taking its tensors boxed in a list;
+    it is flattened as AOTAutograd's own backends flatten it (AOTAutograd refused the list: "all flat_args must
+    be KNOWN_TYPES"). Gradients equal the CPU's."""
+    from torch._dynamo import compiled_autograd
+
+    grads = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(device)
+        x = torch.randn(4, 8).to(device)
+        if device == "neuron":
+            graphs = neuron_compile.report()["dynamo_graphs"]
+            with compiled_autograd._enable(torch.compile(backend="neuron")):
+                torch.compile(model, backend="neuron")(x).square().sum().backward()
+            assert neuron_compile.report()["dynamo_graphs"] >= graphs + 2  # the forward's and compiled autograd's
+        else:
+            model(x).square().sum().backward()
+        grads[device] = [p.grad.cpu() for p in model.parameters()]
+    for neuron, cpu in zip(grads["neuron"], grads["cpu"]):
+        torch.testing.assert_close(neuron, cpu, rtol=1e-5, atol=1e-5)
+
+
 @torch.compiler.nested_compile_region
 def _block(x, w):
     return (x @ w).relu()
