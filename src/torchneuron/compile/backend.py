@@ -26,7 +26,6 @@ import warnings
 
 import torch
 from torch.utils import _pytree as pytree
-from torch._dynamo.utils import flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition
 from torch._guards import detect_fake_mode
@@ -51,7 +50,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str = "defaul
         raise RuntimeError(f"backend 'neuron' takes no options, got {sorted(options)}")
     if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         # compiled autograd's graphs take their tensors boxed in a list: flattened as AOTAutograd's own backends
-        # flatten them (AOTAutograd refused the list: "all flat_args must be KNOWN_TYPES")
+        # flatten them (AOTAutograd refused the list: "all flat_args must be KNOWN_TYPES"); imported here, where
+        # only compiled autograd leads, since older releases kept the function elsewhere
+        from torch._dynamo.utils import flatten_graph_inputs
+
         return flatten_graph_inputs(gm, example_inputs, functools.partial(neuron_backend, mode=mode))
     counters["dynamo_graphs"] += 1
     compiled = aot_module_simplified(
