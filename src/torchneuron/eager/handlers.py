@@ -274,8 +274,6 @@ def record_stream(func, args, kwargs):
     return None
 
 
-
-
 def from_array(array, device_index: int, carried_complex=torch.complex64) -> NeuronTensor:
     """`carried_complex`: the dtype a complex64 array stands for (complex32 is carried as complex64). A
     registry.Prefix becomes a tensor of its rows over a buffer of at most twice their size."""
