@@ -295,25 +295,15 @@ def test_growing_a_storage_beyond_the_device_raises_out_of_memory():
 @pytest.mark.parametrize(
     "sparse, layout",
     [
-        (lambda x: x.to_sparse(), "sparse_coo"),
         (lambda x: x.to_sparse_csr(), "sparse_csr"),
         (lambda x: x.to_sparse(layout=torch.sparse_csc), "sparse_csc"),
-        (lambda x: x.cpu().to_sparse().to("neuron"), "sparse_coo"),
-        (lambda x: torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,), device="neuron"), "sparse_coo"),
     ],
-    ids=["to_sparse", "to_sparse_csr", "to_sparse-csc", "to-neuron", "sparse_coo_tensor"],
+    ids=["to_sparse_csr", "to_sparse-csc"],
 )
-def test_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layout):
-    """Not a RecursionError: neuron tensors are strided."""
+def test_compressed_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layout):
+    """Sparse COO tensors live on neuron (tests/test_sparse.py); the compressed layouts do not."""
     with pytest.raises(NotImplementedError, match=rf"aten\..*torch\.{layout}"):
         sparse(torch.ones(2, 2, device="neuron"))
-
-
-def test_a_sparse_embedding_gradient_raises_naming_the_dense_alternative():
-    """nn.Embedding(sparse=True), the usual source of a sparse tensor, raises with the remedy in the message."""
-    embedding = torch.nn.Embedding(10, 4, sparse=True).to("neuron")
-    with pytest.raises(NotImplementedError, match=r"torch\.sparse_coo.*sparse=False gives a dense weight gradient"):
-        embedding(torch.tensor([1, 2], device="neuron")).sum().backward()
 
 
 def _set(x, key, value):

@@ -59,6 +59,15 @@ def _dispatched(op):
     return kernel
 
 
+def _sparse_factory(name):
+    def kernel(*args, **kwargs):
+        from ..eager import sparse
+
+        return sparse.FACTORIES[name](*args, **kwargs)
+
+    return kernel
+
+
 def _copy_from(source, destination, non_blocking=False):
     """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
     from ..eager.dispatch import dispatch
@@ -90,6 +99,8 @@ def register() -> None:
     library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
     for name in _DEVICE_KERNELS:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "PrivateUse1")
+    for name in ("empty.memory_format", "_sparse_coo_tensor_with_dims"):
+        library.impl(name, _sparse_factory(name), "SparsePrivateUse1")
     for name in _UNCHECKED_COMPOSITES:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "AutogradPrivateUse1")
     _registered.append(library)

@@ -10,6 +10,7 @@ from ..ops import rules
 from ..runtime import events
 from ..runtime import tensor as neuron_tensor
 from . import fallback, handlers, math_bits, views
+from . import sparse  # noqa: F401  (registration side effects: the handlers making sparse tensors)
 from .executable import Compute
 
 _HANDLERS = {}
@@ -66,16 +67,11 @@ def _choose_handler(func):
         # a custom op with a kernel for neuron (torch.library.impl(..., "PrivateUse1") as FSDP2's fsdp.* ops,
         # register_kernel("neuron")) or for every device (custom_op without device_types): its PyTorch code
         # runs on neuron tensors, each op it calls dispatched here in turn
-        return _run_device_generic_kernel
+        return handlers.run_device_generic_kernel
     return fallback.run_on_cpu
 
 
-_PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _CUSTOM_KERNEL_KEYS = ("PrivateUse1", "CompositeExplicitAutograd")
-
-
-def _run_device_generic_kernel(func, args, kwargs):
-    return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
 
 
 neuron_tensor.bind_dispatch(dispatch)

@@ -64,7 +64,7 @@ def run_on_cpu(func, args, kwargs):
 
     def to_cpu(value):
         nonlocal device
-        if isinstance(value, NeuronTensor):
+        if isinstance(value, NeuronTensor) or _is_neuron_sparse(value):
             device = device or value.device
             copy = copies[id(value)] = (value, value.cpu())
             return copy[1]
@@ -85,20 +85,22 @@ def run_on_cpu(func, args, kwargs):
 
     def to_neuron(value):
         if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_nested:
+            if value.layout not in (torch.strided, torch.sparse_coo) or value.is_nested:
                 kind = "nested" if value.is_nested else str(value.layout)
-                # the usual way to meet one: the sparse weight gradient of an embedding made with sparse=True
-                hint = (" (nn.Embedding and nn.EmbeddingBag: sparse=False gives a dense weight gradient)"
-                        if value.is_sparse else "")
                 raise NotImplementedError(
-                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided tensors live on neuron{hint}. "
-                    "Please report the op at the project's issue tracker."
+                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided and torch.sparse_coo tensors "
+                    "live on neuron. Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
             return original if original is not None else value.to(device)
         return value
 
     return tree_map(to_neuron, out)
+
+
+def _is_neuron_sparse(value) -> bool:
+    """A sparse COO tensor on neuron (eager/sparse.py, whose unhandled ops come here)."""
+    return isinstance(value, torch.Tensor) and value.is_sparse and value.device.type == "neuron"
 
 
 def _is_neuron(device) -> bool:

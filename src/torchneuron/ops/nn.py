@@ -422,7 +422,8 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
     if sparse:
-        raise NotImplementedError("torchneuron: sparse gradients")  # no sparse layout on neuron: the CPU fallback
+        # eager makes it from dense ops (eager/sparse.py); a compiled graph, whose tensors are dense, has none
+        raise NotImplementedError("torchneuron: a sparse gradient in a lowering")
     return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 

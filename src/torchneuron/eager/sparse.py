@@ -1,0 +1,413 @@
+"""Sparse COO tensors on neuron: their indices and values are neuron tensors, and each op runs as dense ops on them.
+
+A sparse tensor is what `nn.Embedding(sparse=True)` gives its weight as a gradient, what SGD, Adagrad and
+SparseAdam step with, and what `torch.sparse.mm` multiplies. `SparseTensor` keeps the indices (sparse_dim x
+nnz, int64) and values (nnz x dense sizes) of one, as PyTorch's SparseTensorImpl does; the ops below compute
+on them with the dense ops every neuron tensor runs (index_put_, index_add_, unique), as PyTorch's CPU and
+CUDA kernels compose theirs. Any other op on a sparse tensor, or one with arguments these do not take, runs on
+the CPU and comes back (eager/fallback.py: counted and reported, as every fallback), which gives the CPU's
+results and errors.
+"""
+import functools
+import math
+
+import torch
+
+from ..ops import rules
+from . import fallback, handlers
+from .executable import Compute
+
+aten = torch.ops.aten
+_OPS = {}
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse COO tensor on a neuron device (`layout` torch.sparse_coo, `is_sparse` True)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, indices, values, size, coalesced=None):
+        tensor = torch.Tensor._make_wrapper_subclass(cls, size, dtype=values.dtype, device=values.device,
+                                                     layout=torch.sparse_coo)
+        # unless told, as PyTorch's: coalesced if it has fewer than two entries
+        tensor.indices_, tensor.values_ = indices, values
+        tensor.coalesced = indices.shape[1] < 2 if coalesced is None else coalesced
+        return tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = _OPS.get(func)
+        if op is None and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            op = func.decompose  # below autograd (an op called by these) they arrive undecomposed
+        elif op is None and func._schema.name.startswith("aten::_foreach_"):
+            # PyTorch's loop over the lists (an optimizer's step over sparse gradients), each op coming back here
+            return handlers.run_device_generic_kernel(func, args, kwargs)
+        result = NotImplemented if op is None else op(*args, **kwargs)
+        return fallback.run_on_cpu(func, args, kwargs) if result is NotImplemented else result
+
+    def __repr__(self, *, tensor_contents=None):
+        # PyTorch names subclasses in the prefix and indents by it; users of a device expect plain `tensor(`
+        text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
+        ours = len(type(self).__name__) + 1
+        return "tensor(" + text[ours:].replace("\n" + " " * ours, "\n" + " " * len("tensor("))
+
+    def __reduce_ex__(self, protocol):
+        # as neuron's dense tensors pickle: a host copy, rebuilt on the device
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.cpu(), self.dtype, str(self.device), self.requires_grad))
+
+
+def _implements(*ops):
+    def register(fn):
+        for op in ops:
+            _OPS[op] = fn
+        return fn
+    return register
+
+
+def _sparse_dim(s) -> int:
+    return s.indices_.shape[0]
+
+
+def _dense_shape(s) -> tuple:
+    return tuple(s.shape[_sparse_dim(s):])
+
+
+def _is_ours(value) -> bool:
+    return type(value) is SparseTensor
+
+
+def _is_dense_neuron(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device.type == "neuron"
+
+
+# --- construction ----------------------------------------------------------------------------------------------
+
+@handlers.handles(aten._sparse_coo_tensor_with_dims_and_tensors.default)
+def _from_indices_and_values(func, args, kwargs):
+    sparse_dim, dense_dim, size, indices, values = args
+    # the meta kernel gives PyTorch's errors for inconsistent sizes, before anything is made
+    on_meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (indices, values)]
+    meta = func(sparse_dim, dense_dim, size, *on_meta, **{**kwargs, "device": "meta"})
+    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else values.device
+    if indices.device != device or values.device != device:
+        indices, values = indices.to(device), values.to(device)
+    return SparseTensor(indices, values.to(meta.dtype), meta.shape, kwargs.get("is_coalesced"))
+
+
+@handlers.handles(aten._to_sparse.default, aten._to_sparse.sparse_dim)
+def _from_dense(func, args, kwargs):
+    dense = args[0]
+    if func is aten._to_sparse.sparse_dim:
+        sparse_dim = args[1]
+    elif kwargs.get("layout") not in (None, torch.sparse_coo) or kwargs.get("blocksize") is not None:
+        return fallback.run_on_cpu(func, args, kwargs)  # compressed layouts: the CPU's NotImplementedError
+    else:
+        sparse_dim = dense.dim() - (kwargs.get("dense_dim") or 0)
+    if not 0 < sparse_dim <= dense.dim():
+        return fallback.run_on_cpu(func, args, kwargs)  # the CPU's error
+    nonzero = dense != 0
+    if sparse_dim < dense.dim():
+        nonzero = nonzero.flatten(sparse_dim).any(-1)
+    indices = nonzero.nonzero().t().contiguous()
+    return SparseTensor(indices, dense[tuple(indices)], dense.shape, True)
+
+
+@handlers.handles(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(func, args, kwargs):
+    """EmbeddingBag's weight gradient: sparse (sparse=True) made by PyTorch's composite of dense ops; dense, by
+    its lowering."""
+    named = {argument.name: value for argument, value in zip(func._schema.arguments, args)} | kwargs
+    if not named["sparse"]:
+        return _lowered(func)(func, args, kwargs)
+    del named["maximum_indices"], named["sparse"]
+    return aten._embedding_bag_sparse_backward(**named)
+
+
+@functools.cache
+def _lowered(func) -> Compute:
+    return Compute(rules.rule(func))
+
+
+def _empty_like(s):
+    return SparseTensor(s.indices_.new_empty((_sparse_dim(s), 0)), s.values_.new_empty((0, *_dense_shape(s))),
+                        s.shape, True)
+
+
+def _with_dims(sparse_dim, dense_dim, size, dtype=None, layout=None, device=None, pin_memory=None):
+    """A sparse tensor with no entries: `torch.sparse_coo_tensor(size=...)`, `torch.zeros(..., layout=...)`."""
+    meta = aten._sparse_coo_tensor_with_dims(sparse_dim, dense_dim, size, dtype=dtype, layout=torch.sparse_coo,
+                                             device="meta")  # PyTorch's errors
+    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=device)
+    return SparseTensor(indices, torch.empty((0, *size[sparse_dim:]), dtype=meta.dtype, device=device), size, True)
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _with_dims(len(size), 0, size, dtype, layout, device, pin_memory)
+
+
+# factories below the Python key (no tensor argument), which device/registration.py gives PyTorch for neuron's
+# sparse dispatch key
+FACTORIES = {"empty.memory_format": _empty, "_sparse_coo_tensor_with_dims": _with_dims}
+
+
+# --- what a sparse tensor is -----------------------------------------------------------------------------------
+
+@_implements(aten._indices.default)
+def _indices(s):
+    return s.indices_.view(s.indices_.shape)  # an alias, as PyTorch's
+
+
+@_implements(aten._values.default)
+def _values(s):
+    return s.values_.view(s.values_.shape)
+
+
+def _coalesced_only(read):
+    def of_coalesced(s):
+        return read(s) if s.coalesced else NotImplemented
+    return of_coalesced
+
+
+_OPS[aten.indices.default] = _coalesced_only(_indices)
+_OPS[aten.values.default] = _coalesced_only(_values)
+_OPS[aten._nnz.default] = lambda s: s.indices_.shape[1]
+_OPS[aten.sparse_dim.default] = _sparse_dim
+_OPS[aten.dense_dim.default] = lambda s: s.values_.dim() - 1
+_OPS[aten.is_coalesced.default] = lambda s: s.coalesced
+
+
+@_implements(aten._coalesced_.default)
+def _set_coalesced(s, coalesced):
+    s.coalesced = coalesced
+    return s
+
+
+@_implements(aten.detach.default, aten.alias.default)
+def _detach(s):
+    return SparseTensor(s.indices_, s.values_, s.shape, s.coalesced)
+
+
+@_implements(aten.clone.default)
+def _clone(s, memory_format=None):
+    return SparseTensor(s.indices_.clone(), s.values_.clone(), s.shape, s.coalesced)
+
+
+# --- coalescing and conversions --------------------------------------------------------------------------------
+
+def _linear_index(indices, sizes):
+    strides = torch.tensor([math.prod(sizes[d + 1:]) for d in range(len(sizes))], device=indices.device)
+    return (indices * strides.unsqueeze(1)).sum(0)
+
+
+@_implements(aten._coalesce.default)
+def _coalesce(s):
+    sizes = s.shape[:_sparse_dim(s)]
+    unique, inverse = torch.unique(_linear_index(s.indices_, sizes), sorted=True, return_inverse=True)
+    values = s.values_.new_zeros((unique.numel(), *_dense_shape(s))).index_add_(0, inverse, s.values_)
+    indices = torch.stack([unique // math.prod(sizes[d + 1:]) % sizes[d] for d in range(len(sizes))])
+    return SparseTensor(indices, values, s.shape, True)
+
+
+@_implements(aten._to_dense.default)
+def _to_dense(s, dtype=None, masked_grad=None):
+    values = s.values_ if dtype is None else s.values_.to(dtype)
+    return values.new_zeros(s.shape).index_put_(tuple(s.indices_), values, accumulate=True)
+
+
+@_implements(aten._to_copy.default)
+def _to_copy(s, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if layout not in (None, torch.sparse_coo) or memory_format is not None:
+        return NotImplemented
+    values = s.values_.to(device=device, dtype=dtype, copy=True)
+    indices = s.indices_.to(device=values.device, copy=True)
+    if values.device.type == "neuron":
+        return SparseTensor(indices, values, s.shape, s.coalesced)
+    return torch.sparse_coo_tensor(indices, values, s.shape, is_coalesced=s.coalesced, check_invariants=False)
+
+
+@_implements(aten.copy_.default)
+def _copy(s, src, non_blocking=False):
+    if not src.is_sparse or src.shape != s.shape or src.dtype != s.dtype:
+        return NotImplemented
+    s.indices_, s.values_ = src._indices().to(s.device, copy=True), src._values().to(s.device, copy=True)
+    s.coalesced = src.is_coalesced()
+    return s
+
+
+@_implements(aten.resize_as_.default, aten.sparse_resize_.default, aten.sparse_resize_and_clear_.default)
+def _resize(s, size_or_source, *dims):
+    size = size_or_source.shape if isinstance(size_or_source, torch.Tensor) else torch.Size(size_or_source)
+    if size != s.shape or dims and tuple(dims) != (_sparse_dim(s), s.values_.dim() - 1):
+        raise NotImplementedError(
+            f"torchneuron: a sparse neuron tensor keeps its shape and dimensions ({list(s.shape)}, asked "
+            f"{list(size)}); make a new one (torch.sparse_coo_tensor). Please report it at the project's issue "
+            "tracker if you need this.")
+    return s
+
+
+@_implements(aten.zero_.default)
+def _zero(s):
+    empty = _empty_like(s)
+    s.indices_, s.values_, s.coalesced = empty.indices_, empty.values_, True
+    return s
+
+
+@_implements(aten.zeros_like.default, aten.empty_like.default)
+def _nothing_like(s, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if layout not in (None, torch.sparse_coo) or device is not None and torch.device(device) != s.device:
+        return NotImplemented
+    empty = _empty_like(s)
+    return empty if dtype is None else _to_copy(empty, dtype=dtype)
+
+
+def _values_at(s, indices):
+    """A coalesced `s`'s values at `indices` (zeros where it has no entry)."""
+    sizes = s.shape[:_sparse_dim(s)]
+    wanted = _linear_index(indices, sizes)
+    if not s.values_.shape[0]:
+        return s.values_.new_zeros((wanted.numel(), *_dense_shape(s)))
+    entries = _linear_index(s.indices_, sizes)  # sorted: coalesced
+    at = torch.searchsorted(entries, wanted).clamp(max=entries.numel() - 1)
+    found = (entries[at] == wanted).view(-1, *[1] * len(_dense_shape(s)))
+    return torch.where(found, s.values_[at], 0)
+
+
+@_implements(aten.sparse_mask.default)
+def _sparse_mask(source, mask):
+    """`source`'s values where `mask` has entries (zero where a sparse `source` has none), with `mask`'s indices."""
+    if not (_is_ours(mask) and source.device == mask.device and source.shape == mask.shape):
+        return NotImplemented
+    if _is_dense_neuron(source):
+        values = source[tuple(mask.indices_)]
+    elif _is_ours(source) and _sparse_dim(source) == _sparse_dim(mask):
+        values = _values_at(_coalesce(source), mask.indices_)
+    else:
+        return NotImplemented
+    return SparseTensor(mask.indices_, values, mask.shape, mask.coalesced)
+
+
+# --- arithmetic ------------------------------------------------------------------------------------------------
+
+def _scaled(values, alpha):
+    return values if alpha == 1 else values * alpha
+
+
+def _sum_of(sign):
+    """add (sign 1) or sub (-1) of a dense and a sparse tensor (dense), or of two sparse tensors (sparse)."""
+    def add(a, b, alpha=1):
+        if _is_dense_neuron(a) and _is_ours(b) and a.shape == b.shape:
+            return _add_into_dense(a.to(torch.promote_types(a.dtype, b.dtype), copy=True), b, sign * alpha)
+        if _is_ours(a) and _is_ours(b) and a.shape == b.shape and _sparse_dim(a) == _sparse_dim(b):
+            dtype = torch.promote_types(a.dtype, b.dtype)
+            summed = SparseTensor(torch.cat([a.indices_, b.indices_], 1),
+                                  torch.cat([a.values_.to(dtype), _scaled(b.values_, sign * alpha).to(dtype)]),
+                                  a.shape)
+            # as the CPU merges two coalesced tensors into a coalesced one
+            return _coalesce(summed) if a.coalesced and b.coalesced else summed
+        return NotImplemented
+    return add
+
+
+def _sum_in_place_of(sign):
+    add = _sum_of(sign)
+
+    def add_(a, b, alpha=1):
+        if _is_dense_neuron(a) and _is_ours(b) and a.shape == b.shape and torch.can_cast(b.dtype, a.dtype):
+            return _add_into_dense(a, b, sign * alpha)
+        if not _is_ours(a):
+            return NotImplemented
+        summed = add(a, b, alpha)
+        if summed is NotImplemented or summed.dtype != a.dtype:
+            return NotImplemented
+        a.indices_, a.values_, a.coalesced = summed.indices_, summed.values_, summed.coalesced
+        return a
+    return add_
+
+
+def _add_into_dense(dense, s, alpha):
+    return dense.index_put_(tuple(s.indices_), _scaled(s.values_, alpha).to(dense.dtype), accumulate=True)
+
+
+_OPS[aten.add.Tensor], _OPS[aten.sub.Tensor] = _sum_of(1), _sum_of(-1)
+_OPS[aten.add_.Tensor], _OPS[aten.sub_.Tensor] = _sum_in_place_of(1), _sum_in_place_of(-1)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, bool)) or (isinstance(value, torch.Tensor) and value.dim() == 0
+                                                     and value.layout == torch.strided)
+
+
+def _on_values(compute):
+    """An op of a sparse tensor and a number that is the op of its values (zeros stay zeros)."""
+    def op(s, *numbers):
+        if not (_is_ours(s) and all(map(_is_number, numbers))):
+            return NotImplemented
+        return SparseTensor(s.indices_, compute(s.values_, *numbers), s.shape, s.coalesced)
+    return op
+
+
+def _on_values_in_place(compute, keeps_coalesced=True):
+    def op(s, *numbers):
+        result = _on_values(compute)(s, *numbers)
+        if result is NotImplemented or result.dtype != s.dtype:
+            return NotImplemented
+        s.values_ = result.values_
+        s.coalesced = s.coalesced and keeps_coalesced
+        return s
+    return op
+
+
+_OPS[aten.mul.Tensor] = _OPS[aten.mul.Scalar] = _on_values(torch.mul)
+_OPS[aten.div.Tensor] = _OPS[aten.div.Scalar] = _on_values(torch.div)
+_OPS[aten.neg.default] = _on_values(torch.neg)
+# PyTorch's in-place mul of a sparse tensor marks it uncoalesced (its div_ does not)
+_OPS[aten.mul_.Tensor] = _OPS[aten.mul_.Scalar] = _on_values_in_place(torch.mul, keeps_coalesced=False)
+_OPS[aten.div_.Tensor] = _OPS[aten.div_.Scalar] = _on_values_in_place(torch.div)
+
+
+@_implements(aten.sum.default, aten._sparse_sum.default)
+def _sum(s, dtype=None):
+    return s.values_.sum(dtype=dtype)
+
+
+# --- products --------------------------------------------------------------------------------------------------
+
+def _is_matrix(s) -> bool:
+    return _is_ours(s) and s.dim() == 2 and _sparse_dim(s) == 2
+
+
+@_implements(aten.mm.default, aten._sparse_mm.default)
+def _mm(a, b):
+    if _is_matrix(a) and _is_dense_neuron(b) and b.dim() == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype:
+        rows, columns = a.indices_
+        return b.new_zeros((a.shape[0], b.shape[1])).index_add_(0, rows, a.values_.unsqueeze(1) * b[columns])
+    if _is_dense_neuron(a) and a.dim() == 2 and _is_matrix(b) and a.shape[1] == b.shape[0] and a.dtype == b.dtype:
+        rows, columns = b.indices_
+        return a.new_zeros((a.shape[0], b.shape[1])).index_add_(1, columns, a[:, rows] * b.values_)
+    return NotImplemented
+
+
+@_implements(aten.addmm.default, aten._sparse_addmm.default)
+def _addmm(input, a, b, beta=1, alpha=1):
+    product = _mm(a, b)
+    if product is NotImplemented or not _is_dense_neuron(input) or input.dtype != product.dtype:
+        return NotImplemented
+    product = _scaled(product, alpha)
+    # as PyTorch's addmm: beta 0 ignores the input (its NaNs included)
+    return product if beta == 0 else product + _scaled(input, beta)
+
+
+@_implements(aten.t.default, aten.transpose.int)
+def _transpose(s, dim0=0, dim1=1):
+    sparse_dim = _sparse_dim(s)
+    dim0, dim1 = (d % max(s.dim(), 1) for d in (dim0, dim1))
+    if not (dim0 < sparse_dim and dim1 < sparse_dim):
+        return NotImplemented
+    order = list(range(sparse_dim))
+    order[dim0], order[dim1] = order[dim1], order[dim0]
+    shape = list(s.shape)
+    shape[dim0], shape[dim1] = shape[dim1], shape[dim0]
+    return SparseTensor(s.indices_[order], s.values_, shape, s.coalesced and dim0 == dim1)

@@ -1,0 +1,188 @@
+"""Sparse COO tensors on neuron (eager/sparse.py): each op against the CPU's sparse tensors, on the device."""
+import io
+
+import pytest
+import torch
+
+from torchneuron.eager import fallback
+
+INDICES = torch.tensor([[0, 1, 1, 0], [2, 0, 2, 2]])  # (0, 2) twice: uncoalesced
+VALUES = torch.tensor([3.0, 4.0, 5.0, 1.0])
+
+
+def _pair(coalesced=False):
+    cpu = torch.sparse_coo_tensor(INDICES, VALUES, (2, 3), check_invariants=False)
+    cpu = cpu.coalesce() if coalesced else cpu
+    return cpu.to("neuron"), cpu
+
+
+def _assert_same(neuron, cpu):
+    """Same values, layout, dtype and coalesced flag; for a sparse pair, the same indices once coalesced."""
+    assert neuron.device.type == "neuron" and neuron.layout == cpu.layout and neuron.dtype == cpu.dtype
+    host = neuron.cpu()
+    if cpu.is_sparse:
+        assert host.is_coalesced() == cpu.is_coalesced()
+        host, cpu = host.coalesce(), cpu.coalesce()
+        torch.testing.assert_close(host.indices(), cpu.indices())
+        host, cpu = host.values(), cpu.values()
+    torch.testing.assert_close(host, cpu)
+
+
+def test_made_from_neuron_indices_and_values_or_moved_from_the_cpu():
+    neuron = torch.sparse_coo_tensor(INDICES.to("neuron"), VALUES.to("neuron"), (2, 3))
+    assert neuron.is_sparse and neuron.device == torch.device("neuron", 0) and neuron._nnz() == 4
+    assert neuron.sparse_dim() == 2 and neuron.dense_dim() == 0 and not neuron.is_coalesced()
+    assert neuron._values().device.type == "neuron" and neuron._indices().device.type == "neuron"
+    _assert_same(neuron, torch.sparse_coo_tensor(INDICES, VALUES, (2, 3)))
+    moved, cpu = _pair()
+    _assert_same(moved, cpu)
+    assert repr(moved).startswith("tensor(indices=tensor([[0, 1, 1, 0],\n                       [2, 0, 2, 2]]),")
+    assert "device='neuron:0', size=(2, 3), nnz=4, layout=torch.sparse_coo)" in repr(moved)
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, layout=torch.sparse_coo, device=d),
+    lambda d: torch.empty(2, 3, layout=torch.sparse_coo, device=d, dtype=torch.float64),
+    lambda d: torch.sparse_coo_tensor(size=(2, 3, 4), device=d),
+    lambda d: torch.sparse_coo_tensor(torch.tensor([[1], [2]]), torch.tensor([7.0]), (2, 3), device=d),
+    lambda d: torch.sparse_coo_tensor(torch.tensor([[1], [2]]), torch.tensor([7.0]), (2, 3)).to(d).new(),
+], ids=["zeros", "empty", "size only", "host indices and values", "new()"])
+def test_factories_make_sparse_tensors_on_the_device(make):
+    _assert_same(make("neuron"), make("cpu"))
+
+
+def test_resizing_to_another_shape_is_refused_clearly():
+    neuron, _ = _pair()
+    with pytest.raises(NotImplementedError, match="keeps its shape"):
+        neuron.sparse_resize_((4, 4), 2, 0)
+
+
+DENSE = torch.arange(6.0).view(2, 3) - 2
+RIGHT = torch.linspace(-1, 1, 12).view(3, 4)
+LEFT = torch.linspace(-1, 1, 10).view(5, 2)
+
+OPS = {
+    "coalesce": lambda s, d: s.coalesce(),
+    "to_dense": lambda s, d: s.to_dense(),
+    "sparse + sparse": lambda s, d: s + s * 2,
+    "dense + sparse": lambda s, d: d(DENSE) + s,
+    "dense - sparse": lambda s, d: d(DENSE) - s,
+    "dense.add_(sparse, alpha)": lambda s, d: d(DENSE).add_(s, alpha=-0.5),
+    "sparse.add_(sparse)": lambda s, d: s.clone().add_(s),
+    "sparse * number": lambda s, d: s * 2.5,
+    "sparse / number": lambda s, d: s / 4,
+    "-sparse": lambda s, d: -s,
+    "sparse.mul_": lambda s, d: s.clone().mul_(3),
+    "sparse @ dense": lambda s, d: s @ d(RIGHT),
+    "dense @ sparse": lambda s, d: d(LEFT) @ s,
+    "torch.sparse.mm": lambda s, d: torch.sparse.mm(s, d(RIGHT)),
+    "addmm": lambda s, d: torch.addmm(d(torch.ones(2, 4)), s, d(RIGHT), beta=0.5, alpha=2),
+    "t": lambda s, d: s.t(),
+    "sum": lambda s, d: s.sum(),
+    "torch.sparse.sum": lambda s, d: torch.sparse.sum(s),
+    "double": lambda s, d: s.double(),
+    "zeros_like": lambda s, d: torch.zeros_like(s),
+    "sparse_mask": lambda s, d: d(DENSE).sparse_mask(s),
+    "sparse.sparse_mask(sparse)": lambda s, d: (s * 2).sparse_mask(d(DENSE).to_sparse()),
+    "sparse.sparse_mask(empty)": lambda s, d: torch.zeros_like(s).sparse_mask(s),
+    "to_sparse": lambda s, d: d(DENSE).to_sparse(),
+    "to_sparse(sparse_dim=1)": lambda s, d: d(DENSE).to_sparse(1),
+    "zero_": lambda s, d: s.clone().zero_(),
+}
+
+
+@pytest.mark.parametrize("coalesced", [False, True], ids=["uncoalesced", "coalesced"])
+@pytest.mark.parametrize("name", OPS)
+def test_op_runs_on_the_device_as_on_the_cpu(name, coalesced):
+    neuron, cpu = _pair(coalesced)
+    with fallback.as_error():
+        result = OPS[name](neuron, lambda t: t.to("neuron"))
+    _assert_same(result, OPS[name](cpu, lambda t: t))
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, d: s + d(DENSE),  # add(sparse, dense): the CPU's own refusal
+    lambda s, d: s.indices(),  # of an uncoalesced tensor
+    lambda s, d: torch.sparse_coo_tensor(s._indices(), d(torch.ones(3)), (2, 3)),  # 3 values, 4 indices
+], ids=["sparse + dense", "indices of uncoalesced", "values and indices disagree"])
+def test_bad_input_raises_the_cpus_error(call):
+    neuron, cpu = _pair()
+    with pytest.raises(RuntimeError) as on_cpu:
+        call(cpu, lambda t: t)
+    with pytest.raises(RuntimeError) as on_neuron:
+        call(neuron, lambda t: t.to("neuron"))
+    assert str(on_neuron.value) == str(on_cpu.value)
+
+
+def test_an_op_without_a_sparse_form_runs_on_the_cpu_visibly():
+    neuron, cpu = _pair()
+    fallback.reset()
+    result = torch.sparse.softmax(neuron, 1)
+    assert fallback.counts["aten._sparse_softmax.default"] == 1
+    _assert_same(result, torch.sparse.softmax(cpu, 1))
+
+
+def _train_embedding(device, make_optimizer, bag):
+    torch.manual_seed(0)
+    embedding = (torch.nn.EmbeddingBag(10, 4, mode="mean", sparse=True) if bag
+                 else torch.nn.Embedding(10, 4, sparse=True)).to(device)
+    head = torch.nn.Linear(4, 1).to(device)
+    optimizer, head_optimizer = make_optimizer(embedding.parameters()), torch.optim.SGD(head.parameters(), lr=0.1)
+    batches = torch.randint(0, 10, (3, 6), generator=torch.Generator().manual_seed(1))
+    for batch in batches.to(device):
+        rows = embedding(batch, torch.tensor([0, 2], device=device)) if bag else embedding(batch)
+        head(rows).pow(2).mean().backward()
+        assert embedding.weight.grad.is_sparse and embedding.weight.grad.device.type == device
+        optimizer.step()
+        head_optimizer.step()
+        optimizer.zero_grad()
+        head_optimizer.zero_grad()
+    return embedding.weight.detach().cpu()
+
+
+@pytest.mark.parametrize("bag", [False, True], ids=["Embedding", "EmbeddingBag"])
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.SGD(p, lr=0.5),
+    lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+    lambda p: torch.optim.Adagrad(p, lr=0.5),
+    lambda p: torch.optim.SparseAdam(p, lr=0.1),
+], ids=["SGD", "SGD-momentum", "Adagrad", "SparseAdam"])
+def test_sparse_embedding_gradients_train_as_on_the_cpu(make_optimizer, bag):
+    """nn.Embedding/EmbeddingBag(sparse=True): sparse weight gradients, stepped by the optimizers that take them,
+    all on the device."""
+    with fallback.as_error():
+        trained = _train_embedding("neuron", make_optimizer, bag)
+    torch.testing.assert_close(trained, _train_embedding("cpu", make_optimizer, bag), rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_gradients_accumulate_over_two_backwards():
+    gradients = []
+    for device in ("neuron", "cpu"):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 4, sparse=True).to(device)
+        embedding(torch.tensor([1, 2, 2], device=device)).sum().backward()
+        embedding(torch.tensor([2, 5], device=device)).sum().backward()
+        gradients.append(embedding.weight.grad)
+    _assert_same(*gradients)
+
+
+def test_gradients_through_sparse_products_and_values():
+    """torch.sparse.mm's gradient for its dense operand, and a sparse tensor's values' gradient through to_dense."""
+    grads = {}
+    for device in ("neuron", "cpu"):
+        values = VALUES.to(device).requires_grad_()
+        sparse = torch.sparse_coo_tensor(INDICES.to(device), values, (2, 3))
+        weight = RIGHT.to(device).requires_grad_()
+        with fallback.as_error():
+            (torch.sparse.mm(sparse, weight).pow(2).sum() + (sparse.to_dense() * DENSE.to(device)).sum()).backward()
+        grads[device] = (values.grad.cpu(), weight.grad.cpu())
+    torch.testing.assert_close(grads["neuron"], grads["cpu"])
+
+
+def test_saved_and_loaded_as_a_sparse_neuron_tensor():
+    neuron, cpu = _pair()
+    buffer = io.BytesIO()
+    torch.save({"s": neuron}, buffer)
+    buffer.seek(0)
+    _assert_same(torch.load(buffer)["s"], cpu)
+
