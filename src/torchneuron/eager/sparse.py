@@ -368,6 +368,26 @@ _OPS[aten.mul_.Tensor] = _OPS[aten.mul_.Scalar] = _on_values_in_place(torch.mul,
 _OPS[aten.div_.Tensor] = _OPS[aten.div_.Scalar] = _on_values_in_place(torch.div)
 
 
+def _on_coalesced_values(compute):
+    """An op of each entry that keeps zeros zero but is not linear: on the values once duplicates are summed."""
+    def op(s, *numbers):
+        if not (_is_ours(s) and all(map(_is_number, numbers))):
+            return NotImplemented
+        coalesced = s if s.coalesced else _coalesce(s)
+        return SparseTensor(coalesced.indices_, compute(coalesced.values_, *numbers), s.shape, True)
+    return op
+
+
+_OPS[aten.abs.default] = _on_coalesced_values(torch.abs)
+_OPS[aten.sqrt.default] = _on_coalesced_values(torch.sqrt)
+_OPS[aten.sgn.default] = _on_coalesced_values(torch.sgn)
+
+
+@_implements(aten.pow.Tensor_Scalar)
+def _pow(s, exponent):
+    return _on_coalesced_values(torch.pow)(s, exponent) if exponent > 0 else NotImplemented  # 0 ** 0 is 1
+
+
 @_implements(aten.sum.default, aten._sparse_sum.default)
 def _sum(s, dtype=None):
     return s.values_.sum(dtype=dtype)
