@@ -86,6 +86,14 @@ def check_all_reduce():
     transposed = inputs(RANK, shape=(4, 3)).to(DEVICE).t()
     dist.all_reduce(transposed, op=dist.ReduceOp.MAX)
     equal(transposed, expected_reduction("MAX", torch.float32, (4, 3)).t(), "all_reduce of a transpose")
+    # sparse tensors (DDP's sparse embedding gradients): every rank's entries, summed
+    sparse = torch.sparse_coo_tensor(torch.tensor([[RANK, WORLD]]), torch.tensor([1.0, RANK + 1.0]), (WORLD + 1,))
+    sparse = sparse.to(DEVICE)
+    dist.all_reduce(sparse)
+    assert sparse.is_sparse and sparse.device == DEVICE, sparse
+    expected = torch.ones(WORLD + 1)
+    expected[WORLD] = sum(range(1, WORLD + 1))
+    equal(sparse.to_dense(), expected, "all_reduce of a sparse tensor")
     try:
         dist.all_reduce(torch.ones(2, device=DEVICE), op=dist.ReduceOp.BAND)
         raise AssertionError("BAND on floats should raise")
@@ -260,11 +268,26 @@ def check_groups_and_objects():
     equal(compiled(t), expected_reduction("MAX", torch.float32) * 2 + 1, "funcol.all_reduce under torch.compile")
 
 
+def check_sparse_embedding_ddp():
+    """DDP over nn.Embedding(sparse=True): its sparse gradients are averaged and stepped on the device, as one
+    process training on every rank's batch."""
+    torch.manual_seed(0)
+    reference = torch.nn.Embedding(10, 4, sparse=True)
+    model = DDP(copy.deepcopy(reference).to(DEVICE))
+    batches = torch.arange(WORLD * 3).view(WORLD, 3) // 2  # ranks share some rows
+    model(batches[RANK].to(DEVICE)).sum().backward()
+    assert model.module.weight.grad.is_sparse
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    reference(batches).sum().div(WORLD).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.5).step()
+    equal(model.module.weight.detach(), reference.weight.detach(), "DDP with sparse embedding gradients")
+
+
 def job_collectives():
     init()
     assert torch.neuron.current_device() == DEVICE.index
     for check in (check_all_reduce, check_gathers, check_reduce_scatter_broadcast, check_all_to_all,
-                  check_point_to_point, check_work_and_overlap, check_groups_and_objects):
+                  check_point_to_point, check_work_and_overlap, check_groups_and_objects, check_sparse_embedding_ddp):
         check()
         print("passed", check.__name__, flush=True)
     dist.destroy_process_group()

@@ -261,9 +261,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # --- collectives ----------------------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        if any(t.is_sparse for t in tensors):
+            return self._allreduce_sparse(tensors, opts)
         if self._on_cpu(tensors):
-            return self._cpu.allreduce(tensors, opts or dist.AllreduceOptions())
-        return self._reduce_each(tensors, (opts or dist.AllreduceOptions()).reduceOp, "all_reduce", "all_reduce")
+            return self._cpu.allreduce(tensors, opts)
+        return self._reduce_each(tensors, opts.reduceOp, "all_reduce", "all_reduce")
+
+    def _allreduce_sparse(self, tensors, opts) -> Work:
+        """Sparse tensors (DDP's sparse embedding gradients) reduce through gloo's sparse all-reduce, on host copies
+        (it gathers every rank's indices and values), as CPU tensors do; the sums come back into them."""
+        on_host = [t.cpu() for t in tensors]
+        self._cpu.allreduce(on_host, opts).wait()
+        for tensor, total in zip(tensors, on_host):
+            tensor.copy_(total)
+        return self._work(tensors, [], "all_reduce of sparse tensors")
 
     def allreduce_coalesced(self, tensors, opts=None):
         if self._on_cpu(tensors):
