@@ -190,3 +190,21 @@ def test_saved_and_loaded_as_a_sparse_neuron_tensor():
     buffer.seek(0)
     _assert_same(torch.load(buffer)["s"], cpu)
 
+
+
+def test_a_compiled_model_with_a_sparse_embedding_gets_its_sparse_gradient():
+    results = {}
+    for device in ("neuron", "cpu"):
+        torch.manual_seed(0)
+        embedding, head = torch.nn.Embedding(10, 4, sparse=True).to(device), torch.nn.Linear(4, 1).to(device)
+        def step(i):
+            return head(embedding(i)).pow(2).mean()
+
+        if device == "neuron":
+            step = torch.compile(step, backend="neuron")
+        with fallback.as_error():
+            loss = step(torch.tensor([1, 2, 2], device=device))
+            loss.backward()
+        assert embedding.weight.grad.is_sparse
+        results[device] = (loss.detach().cpu(), embedding.weight.grad.cpu().to_dense())
+    torch.testing.assert_close(results["neuron"], results["cpu"])
