@@ -197,9 +197,9 @@ def test_a_compiled_model_with_a_sparse_embedding_gets_its_sparse_gradient():
     for device in ("neuron", "cpu"):
         torch.manual_seed(0)
         embedding, head = torch.nn.Embedding(10, 4, sparse=True).to(device), torch.nn.Linear(4, 1).to(device)
+
         def step(i):
             return head(embedding(i)).pow(2).mean()
-
         if device == "neuron":
             step = torch.compile(step, backend="neuron")
         with fallback.as_error():
