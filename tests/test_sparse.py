@@ -183,6 +183,16 @@ def test_gradients_through_sparse_products_and_values():
     torch.testing.assert_close(grads["neuron"], grads["cpu"])
 
 
+def test_a_sparse_leaf_gets_a_sparse_gradient():
+    gradients = []
+    for device in ("neuron", "cpu"):
+        sparse = _pair(coalesced=True)[device == "cpu"].requires_grad_()
+        with fallback.as_error():
+            (torch.sparse.mm(sparse, RIGHT.to(device)).pow(2).sum() + torch.sparse.sum(sparse * 2)).backward()
+        gradients.append(sparse.grad)
+    _assert_same(*gradients)
+
+
 def test_saved_and_loaded_as_a_sparse_neuron_tensor():
     neuron, cpu = _pair()
     buffer = io.BytesIO()
