@@ -174,9 +174,9 @@ def test_gradients_through_sparse_products_and_values():
     """torch.sparse.mm's gradient for its dense operand, and a sparse tensor's values' gradient through to_dense."""
     grads = {}
     for device in ("neuron", "cpu"):
-        values = VALUES.to(device).requires_grad_()
+        values = VALUES.to(device, copy=True).requires_grad_()  # not the shared CPU tensor itself
         sparse = torch.sparse_coo_tensor(INDICES.to(device), values, (2, 3))
-        weight = RIGHT.to(device).requires_grad_()
+        weight = RIGHT.to(device, copy=True).requires_grad_()
         with fallback.as_error():
             (torch.sparse.mm(sparse, weight).pow(2).sum() + (sparse.to_dense() * DENSE.to(device)).sum()).backward()
         grads[device] = (values.grad.cpu(), weight.grad.cpu())

@@ -21,13 +21,20 @@ aten = torch.ops.aten
 HANDLERS = {}
 
 
-def handles(*ops):
-    def register(fn):
-        for op in ops:
-            HANDLERS[op] = fn
-        return fn
+def registrar(table: dict):
+    """A decorator `@registered(op, ...)` putting its function in `table` under each op."""
+    def registered(*ops):
+        def register(fn):
+            for op in ops:
+                table[op] = fn
+            return fn
 
-    return register
+        return register
+
+    return registered
+
+
+handles = registrar(HANDLERS)
 
 
 _PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)

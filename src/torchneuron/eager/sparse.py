@@ -59,12 +59,7 @@ class SparseTensor(torch.Tensor):
                 (self.cpu(), self.dtype, str(self.device), self.requires_grad))
 
 
-def _implements(*ops):
-    def register(fn):
-        for op in ops:
-            _OPS[op] = fn
-        return fn
-    return register
+_implements = handlers.registrar(_OPS)
 
 
 def _sparse_dim(s) -> int:
