@@ -92,6 +92,15 @@ def _from_indices_and_values(func, args, kwargs):
     return SparseTensor(indices, values.to(meta.dtype), meta.shape, kwargs.get("is_coalesced"))
 
 
+@handlers.handles(aten._sparse_compressed_tensor_unsafe.default)
+def _refuse_compressed(func, args, kwargs):
+    # else PyTorch's composite makes a native CSR tensor of neuron parts, on which nothing runs
+    layout = kwargs.get("layout")
+    raise NotImplementedError(
+        f"torchneuron: {func} makes a {layout} tensor; of the sparse layouts only torch.sparse_coo lives on neuron "
+        "(`.to_sparse_coo()` first). Please report it at the project's issue tracker if you need this.")
+
+
 @handlers.handles(aten._to_sparse.default, aten._to_sparse.sparse_dim)
 def _from_dense(func, args, kwargs):
     dense = args[0]
