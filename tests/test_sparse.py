@@ -104,6 +104,24 @@ def test_op_runs_on_the_device_as_on_the_cpu(name, coalesced):
     _assert_same(result, OPS[name](cpu, lambda t: t))
 
 
+WITHOUT_SPARSE_DIMENSIONS = {
+    "coalesce": lambda s, d: s.coalesce(),
+    "to_dense": lambda s, d: s.to_dense(),
+    "dense + sparse": lambda s, d: d(torch.ones(2)) + s,
+    "sparse + sparse": lambda s, d: s + s,
+    "sum": lambda s, d: s.sum(),
+}
+
+
+@pytest.mark.parametrize("name", WITHOUT_SPARSE_DIMENSIONS)
+def test_a_tensor_without_sparse_dimensions(name):
+    """sparse_dim 0: every entry is at the one position, its values rows of the dense part."""
+    cpu = torch.sparse_coo_tensor(torch.empty(0, 3, dtype=torch.long), torch.arange(6.0).view(3, 2), (2,))
+    with fallback.as_error():
+        result = WITHOUT_SPARSE_DIMENSIONS[name](cpu.to("neuron"), lambda t: t.to("neuron"))
+    _assert_same(result, WITHOUT_SPARSE_DIMENSIONS[name](cpu, lambda t: t))
+
+
 @pytest.mark.parametrize("call", [
     lambda s, d: s + d(DENSE),  # add(sparse, dense): the CPU's own refusal
     lambda s, d: s.indices(),  # of an uncoalesced tensor

@@ -202,7 +202,8 @@ def _clone(s, memory_format=None):
 # --- coalescing and conversions --------------------------------------------------------------------------------
 
 def _linear_index(indices, sizes):
-    strides = torch.tensor([math.prod(sizes[d + 1:]) for d in range(len(sizes))], device=indices.device)
+    strides = torch.tensor([math.prod(sizes[d + 1:]) for d in range(len(sizes))], dtype=torch.int64,
+                           device=indices.device)
     return (indices * strides.unsqueeze(1)).sum(0)
 
 
@@ -211,14 +212,15 @@ def _coalesce(s):
     sizes = s.shape[:_sparse_dim(s)]
     unique, inverse = torch.unique(_linear_index(s.indices_, sizes), sorted=True, return_inverse=True)
     values = s.values_.new_zeros((unique.numel(), *_dense_shape(s))).index_add_(0, inverse, s.values_)
-    indices = torch.stack([unique // math.prod(sizes[d + 1:]) % sizes[d] for d in range(len(sizes))])
+    indices = [unique // math.prod(sizes[d + 1:]) % sizes[d] for d in range(len(sizes))]
+    indices = torch.stack(indices) if indices else s.indices_.new_empty((0, unique.numel()))
     return SparseTensor(indices, values, s.shape, True)
 
 
 @_implements(aten._to_dense.default)
 def _to_dense(s, dtype=None, masked_grad=None):
     values = s.values_ if dtype is None else s.values_.to(dtype)
-    return values.new_zeros(s.shape).index_put_(tuple(s.indices_), values, accumulate=True)
+    return _add_into_dense(values.new_zeros(s.shape), SparseTensor(s.indices_, values, s.shape), 1)
 
 
 @_implements(aten._to_copy.default)
@@ -282,7 +284,7 @@ def _values_at(s, indices):
 @_implements(aten.sparse_mask.default)
 def _sparse_mask(source, mask):
     """`source`'s values where `mask` has entries (zero where a sparse `source` has none), with `mask`'s indices."""
-    if not (_is_ours(mask) and source.device == mask.device and source.shape == mask.shape):
+    if not (_is_ours(mask) and _sparse_dim(mask) and source.device == mask.device and source.shape == mask.shape):
         return NotImplemented
     if _is_dense_neuron(source):
         values = source[tuple(mask.indices_)]
@@ -332,7 +334,10 @@ def _sum_in_place_of(sign):
 
 
 def _add_into_dense(dense, s, alpha):
-    return dense.index_put_(tuple(s.indices_), _scaled(s.values_, alpha).to(dense.dtype), accumulate=True)
+    values = _scaled(s.values_, alpha).to(dense.dtype)
+    if not _sparse_dim(s):  # every entry is at the one position
+        return dense.add_(values.sum(0, dtype=dense.dtype))
+    return dense.index_put_(tuple(s.indices_), values, accumulate=True)
 
 
 _OPS[aten.add.Tensor], _OPS[aten.sub.Tensor] = _sum_of(1), _sum_of(-1)
