@@ -104,6 +104,19 @@ def test_op_runs_on_the_device_as_on_the_cpu(name, coalesced):
     _assert_same(result, OPS[name](cpu, lambda t: t))
 
 
+HYBRID_OPS = ["coalesce", "to_dense", "sparse + sparse", "dense + sparse", "dense.add_(sparse, alpha)", "sparse * number",
+              "-sparse", "abs", "pow", "sum", "double", "zeros_like", "sparse_mask", "zero_"]
+
+
+@pytest.mark.parametrize("name", HYBRID_OPS)
+def test_op_of_a_hybrid_tensor_runs_on_the_device_as_on_the_cpu(name):
+    """One sparse dimension and one dense: each entry a row of values."""
+    cpu = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1]]), torch.arange(9.0).view(3, 3) - 4, (2, 3))
+    with fallback.as_error():
+        result = OPS[name](cpu.to("neuron"), lambda t: t.to("neuron"))
+    _assert_same(result, OPS[name](cpu, lambda t: t))
+
+
 WITHOUT_SPARSE_DIMENSIONS = {
     "coalesce": lambda s, d: s.coalesce(),
     "to_dense": lambda s, d: s.to_dense(),
