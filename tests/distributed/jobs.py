@@ -95,6 +95,11 @@ def check_all_reduce():
     expected[WORLD] = sum(range(1, WORLD + 1))
     equal(sparse.to_dense(), expected, "all_reduce of a sparse tensor")
     try:
+        dist.broadcast(sparse, 0)
+        raise AssertionError("a broadcast of a sparse tensor should raise")
+    except NotImplementedError as error:
+        assert "only all_reduce" in str(error), error
+    try:
         dist.all_reduce(torch.ones(2, device=DEVICE), op=dist.ReduceOp.BAND)
         raise AssertionError("BAND on floats should raise")
     except RuntimeError as error:

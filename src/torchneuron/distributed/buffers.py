@@ -85,3 +85,7 @@ def check_neuron(tensor, name: str = "tensor") -> None:
         raise TypeError(f"Invalid function argument. Expected parameter `{name}` of type torch.Tensor but got {type(tensor)} instead.")
     if tensor.device.type != "neuron":
         raise ValueError(f"neuron process group: expected a neuron tensor, got one on {tensor.device}")
+    if tensor.layout != torch.strided:
+        raise NotImplementedError(f"neuron process group: of the collectives of {tensor.layout} tensors only "
+                                  "all_reduce is supported. Please report it at the project's issue tracker if you "
+                                  "need another.")
