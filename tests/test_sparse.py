@@ -141,12 +141,14 @@ def test_a_tensor_without_sparse_dimensions(name):
     lambda s, d: torch.sparse_coo_tensor(s._indices(), d(torch.ones(3)), (2, 3)),  # 3 values, 4 indices
 ], ids=["sparse + dense", "indices of uncoalesced", "values and indices disagree"])
 def test_bad_input_raises_the_cpus_error(call):
+    """The CPU's error, with fallback made an error too: bad input is not a fallback."""
     neuron, cpu = _pair()
     with pytest.raises(RuntimeError) as on_cpu:
         call(cpu, lambda t: t)
-    with pytest.raises(RuntimeError) as on_neuron:
+    fallback.reset()
+    with fallback.as_error(), pytest.raises(RuntimeError) as on_neuron:
         call(neuron, lambda t: t.to("neuron"))
-    assert str(on_neuron.value) == str(on_cpu.value)
+    assert str(on_neuron.value) == str(on_cpu.value) and not fallback.counts
 
 
 def test_an_op_without_a_sparse_form_runs_on_the_cpu_visibly():

@@ -5,13 +5,14 @@ SparseAdam step with, and what `torch.sparse.mm` multiplies. `SparseTensor` keep
 nnz, int64) and values (nnz x dense sizes) of one, as PyTorch's SparseTensorImpl does; the ops below compute
 on them with the dense ops every neuron tensor runs (index_put_, index_add_, unique), as PyTorch's CPU and
 CUDA kernels compose theirs. Any other op on a sparse tensor, or one with arguments these do not take, runs on
-the CPU and comes back (eager/fallback.py: counted and reported, as every fallback), which gives the CPU's
-results and errors.
+the CPU and comes back (eager/fallback.py: counted and reported, as every fallback); arguments the CPU refuses
+get its error, and are no fallback.
 """
 import functools
 import math
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from ..ops import rules
 from . import fallback, handlers
@@ -45,7 +46,11 @@ class SparseTensor(torch.Tensor):
             # PyTorch's loop over the lists (an optimizer's step over sparse gradients), each op coming back here
             return handlers.run_device_generic_kernel(func, args, kwargs)
         result = NotImplemented if op is None else op(*args, **kwargs)
-        return fallback.run_on_cpu(func, args, kwargs) if result is NotImplemented else result
+        if result is not NotImplemented:
+            return result
+        if op is not None:
+            _raise_the_cpus_error(func, args, kwargs)  # bad input to an op handled here is no fallback
+        return fallback.run_on_cpu(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents=None):
         # PyTorch names subclasses in the prefix and indents by it; users of a device expect plain `tensor(`
@@ -60,6 +65,15 @@ class SparseTensor(torch.Tensor):
 
 
 _implements = handlers.registrar(_OPS)
+
+
+def _raise_the_cpus_error(func, args, kwargs) -> None:
+    """Raise what the CPU raises for these arguments (on host copies), if it does."""
+    on_host = tree_map_only(torch.Tensor, lambda t: t.cpu() if t.device.type == "neuron" else t, (args, kwargs))
+    try:
+        func(*on_host[0], **on_host[1])
+    except Exception as error:
+        raise error from None
 
 
 def _sparse_dim(s) -> int:
