@@ -92,6 +92,12 @@ OPS = {
     "to_sparse": lambda s, d: d(DENSE).to_sparse(),
     "to_sparse(sparse_dim=1)": lambda s, d: d(DENSE).to_sparse(1),
     "zero_": lambda s, d: s.clone().zero_(),
+    "torch.sparse.sum(dim=0)": lambda s, d: torch.sparse.sum(s, 0),
+    "torch.sparse.sum(dim=(0, 1))": lambda s, d: torch.sparse.sum(s, (0, -1)),
+    "index_select(0)": lambda s, d: s.index_select(0, d(torch.tensor([1, 1, 0]))),
+    "index_select(1)": lambda s, d: s.index_select(1, d(torch.tensor([2, -3, 2]))),
+    "index_select(none)": lambda s, d: s.index_select(1, d(torch.tensor([], dtype=torch.int64))),
+    "index_select(1, from the start)": lambda s, d: s.index_select(1, d(torch.tensor([2, 0, 2]))),
 }
 
 
@@ -105,7 +111,8 @@ def test_op_runs_on_the_device_as_on_the_cpu(name, coalesced):
 
 
 HYBRID_OPS = ["coalesce", "to_dense", "sparse + sparse", "dense + sparse", "dense.add_(sparse, alpha)", "sparse * number",
-              "-sparse", "abs", "pow", "sum", "double", "zeros_like", "sparse_mask", "zero_"]
+              "-sparse", "abs", "pow", "sum", "double", "zeros_like", "sparse_mask", "zero_", "torch.sparse.sum(dim=0)",
+              "torch.sparse.sum(dim=(0, 1))", "index_select(0)", "index_select(1, from the start)"]
 
 
 @pytest.mark.parametrize("name", HYBRID_OPS)
@@ -138,15 +145,18 @@ def test_a_tensor_without_sparse_dimensions(name):
 @pytest.mark.parametrize("call", [
     lambda s, d: s + d(DENSE),  # add(sparse, dense): the CPU's own refusal
     lambda s, d: s.indices(),  # of an uncoalesced tensor
+    lambda s, d: s.index_select(0, d(torch.tensor([0, 2]))),  # out of range
+    lambda s, d: s.to_dense().to_sparse(1).index_select(1, d(torch.tensor([-1]))),  # from the end, dense dim
     lambda s, d: torch.sparse_coo_tensor(s._indices(), d(torch.ones(3)), (2, 3)),  # 3 values, 4 indices
-], ids=["sparse + dense", "indices of uncoalesced", "values and indices disagree"])
+], ids=["sparse + dense", "indices of uncoalesced", "index_select out of range",
+    "index_select of a dense dimension from the end", "values and indices disagree"])
 def test_bad_input_raises_the_cpus_error(call):
     """The CPU's error, with fallback made an error too: bad input is not a fallback."""
     neuron, cpu = _pair()
-    with pytest.raises(RuntimeError) as on_cpu:
+    with pytest.raises((RuntimeError, IndexError)) as on_cpu:
         call(cpu, lambda t: t)
     fallback.reset()
-    with fallback.as_error(), pytest.raises(RuntimeError) as on_neuron:
+    with fallback.as_error(), pytest.raises(on_cpu.type) as on_neuron:
         call(neuron, lambda t: t.to("neuron"))
     assert str(on_neuron.value) == str(on_cpu.value) and not fallback.counts
 

@@ -416,6 +416,44 @@ def _sum(s, dtype=None):
     return s.values_.sum(dtype=dtype)
 
 
+@_implements(aten._sparse_sum.dim)
+def _sum_over(s, dim):
+    """torch.sparse.sum over `dim`: dense once every sparse dimension is summed, else sparse (coalesced)."""
+    sparse_dim, dims = _sparse_dim(s), {d % s.dim() for d in dim}
+    values = s.values_.sum([d - sparse_dim + 1 for d in dims if d >= sparse_dim]) if max(dims) >= sparse_dim \
+        else s.values_
+    kept = [d for d in range(sparse_dim) if d not in dims]
+    if not kept:
+        return values.sum(0)
+    shape = [size for d, size in enumerate(s.shape) if d not in dims]
+    return _coalesce(SparseTensor(s.indices_[kept], values, shape))
+
+
+@_implements(aten.index_select.default)
+def _index_select(s, dim, index):
+    """The entries at `index` along `dim`, as many times as it names them (in no particular order: uncoalesced
+    unless it has fewer than two)."""
+    dim = dim % s.dim()
+    shape = list(s.shape)
+    shape[dim] = index.numel()
+    # the CPU counts negative indices from the end along a sparse dimension, not along a dense one
+    lowest = -s.shape[dim] if dim < _sparse_dim(s) else 0
+    if index.numel() and not lowest <= int(index.min()) <= int(index.max()) < s.shape[dim]:
+        return NotImplemented  # the CPU's error
+    if dim >= _sparse_dim(s):
+        return SparseTensor(s.indices_, s.values_.index_select(dim - _sparse_dim(s) + 1, index), shape)
+    index = torch.where(index < 0, index + s.shape[dim], index)
+    keys, order = torch.sort(s.indices_[dim])
+    low, high = torch.searchsorted(keys, index), torch.searchsorted(keys, index, right=True)
+    counts = high - low
+    position = torch.repeat_interleave(torch.arange(index.numel(), device=index.device), counts)
+    within = torch.arange(position.numel(), device=index.device) - (counts.cumsum(0) - counts)[position]
+    entries = order[low[position] + within]
+    indices = s.indices_[:, entries]
+    indices[dim] = position
+    return SparseTensor(indices, s.values_[entries], shape)
+
+
 # --- products --------------------------------------------------------------------------------------------------
 
 def _is_matrix(s) -> bool:
