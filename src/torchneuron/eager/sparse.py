@@ -8,13 +8,12 @@ CUDA kernels compose theirs. Any other op on a sparse tensor, or one with argume
 the CPU and comes back (eager/fallback.py: counted and reported, as every fallback); arguments the CPU refuses
 get its error, and are no fallback.
 """
-import functools
-import math
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 from ..ops import rules
+from ..runtime.layout import contiguous_strides
 from . import fallback, handlers
 from .executable import Compute
 
@@ -139,14 +138,9 @@ def _embedding_bag_backward(func, args, kwargs):
     its lowering."""
     named = {argument.name: value for argument, value in zip(func._schema.arguments, args)} | kwargs
     if not named["sparse"]:
-        return _lowered(func)(func, args, kwargs)
+        return Compute(rules.rule(func))(func, args, kwargs)
     del named["maximum_indices"], named["sparse"]
     return aten._embedding_bag_sparse_backward(**named)
-
-
-@functools.cache
-def _lowered(func) -> Compute:
-    return Compute(rules.rule(func))
 
 
 def _empty_like(s):
@@ -216,8 +210,7 @@ def _clone(s, memory_format=None):
 # --- coalescing and conversions --------------------------------------------------------------------------------
 
 def _linear_index(indices, sizes):
-    strides = torch.tensor([math.prod(sizes[d + 1:]) for d in range(len(sizes))], dtype=torch.int64,
-                           device=indices.device)
+    strides = torch.tensor(contiguous_strides(sizes), dtype=torch.int64, device=indices.device)
     return (indices * strides.unsqueeze(1)).sum(0)
 
 
@@ -226,7 +219,7 @@ def _coalesce(s):
     sizes = s.shape[:_sparse_dim(s)]
     unique, inverse = torch.unique(_linear_index(s.indices_, sizes), sorted=True, return_inverse=True)
     values = s.values_.new_zeros((unique.numel(), *_dense_shape(s))).index_add_(0, inverse, s.values_)
-    indices = [unique // math.prod(sizes[d + 1:]) % sizes[d] for d in range(len(sizes))]
+    indices = [unique // stride % size for stride, size in zip(contiguous_strides(sizes), sizes)]
     indices = torch.stack(indices) if indices else s.indices_.new_empty((0, unique.numel()))
     return SparseTensor(indices, values, s.shape, True)
 
@@ -234,7 +227,7 @@ def _coalesce(s):
 @_implements(aten._to_dense.default)
 def _to_dense(s, dtype=None, masked_grad=None):
     values = s.values_ if dtype is None else s.values_.to(dtype)
-    return _add_into_dense(values.new_zeros(s.shape), SparseTensor(s.indices_, values, s.shape), 1)
+    return _add_into_dense(values.new_zeros(s.shape), s.indices_, values)
 
 
 @_implements(aten._to_copy.default)
@@ -319,7 +312,8 @@ def _sum_of(sign):
     """add (sign 1) or sub (-1) of a dense and a sparse tensor (dense), or of two sparse tensors (sparse)."""
     def add(a, b, alpha=1):
         if _is_dense_neuron(a) and _is_ours(b) and a.shape == b.shape:
-            return _add_into_dense(a.to(torch.promote_types(a.dtype, b.dtype), copy=True), b, sign * alpha)
+            dense = a.to(torch.promote_types(a.dtype, b.dtype), copy=True)
+            return _add_into_dense(dense, b.indices_, _scaled(b.values_, sign * alpha))
         if _is_ours(a) and _is_ours(b) and a.shape == b.shape and _sparse_dim(a) == _sparse_dim(b):
             dtype = torch.promote_types(a.dtype, b.dtype)
             summed = SparseTensor(torch.cat([a.indices_, b.indices_], 1),
@@ -336,7 +330,7 @@ def _sum_in_place_of(sign):
 
     def add_(a, b, alpha=1):
         if _is_dense_neuron(a) and _is_ours(b) and a.shape == b.shape and torch.can_cast(b.dtype, a.dtype):
-            return _add_into_dense(a, b, sign * alpha)
+            return _add_into_dense(a, b.indices_, _scaled(b.values_, sign * alpha))
         if not _is_ours(a):
             return NotImplemented
         summed = add(a, b, alpha)
@@ -347,11 +341,12 @@ def _sum_in_place_of(sign):
     return add_
 
 
-def _add_into_dense(dense, s, alpha):
-    values = _scaled(s.values_, alpha).to(dense.dtype)
-    if not _sparse_dim(s):  # every entry is at the one position
+def _add_into_dense(dense, indices, values):
+    """`dense` += the sparse tensor of `indices` and `values`, in place."""
+    values = values.to(dense.dtype)
+    if not indices.shape[0]:  # no sparse dimension: every entry is at the one position
         return dense.add_(values.sum(0, dtype=dense.dtype))
-    return dense.index_put_(tuple(s.indices_), values, accumulate=True)
+    return dense.index_put_(tuple(indices), values, accumulate=True)
 
 
 _OPS[aten.add.Tensor], _OPS[aten.sub.Tensor] = _sum_of(1), _sum_of(-1)
@@ -373,8 +368,10 @@ def _on_values(compute):
 
 
 def _on_values_in_place(compute, keeps_coalesced=True):
+    out_of_place = _on_values(compute)
+
     def op(s, *numbers):
-        result = _on_values(compute)(s, *numbers)
+        result = out_of_place(s, *numbers)
         if result is NotImplemented or result.dtype != s.dtype:
             return NotImplemented
         s.values_ = result.values_
@@ -406,9 +403,12 @@ _OPS[aten.sqrt.default] = _on_coalesced_values(torch.sqrt)
 _OPS[aten.sgn.default] = _on_coalesced_values(torch.sgn)
 
 
+_positive_pow = _on_coalesced_values(torch.pow)
+
+
 @_implements(aten.pow.Tensor_Scalar)
 def _pow(s, exponent):
-    return _on_coalesced_values(torch.pow)(s, exponent) if exponent > 0 else NotImplemented  # 0 ** 0 is 1
+    return _positive_pow(s, exponent) if exponent > 0 else NotImplemented  # 0 ** 0 is 1
 
 
 @_implements(aten.sum.default, aten._sparse_sum.default)
@@ -420,8 +420,8 @@ def _sum(s, dtype=None):
 def _sum_over(s, dim):
     """torch.sparse.sum over `dim`: dense once every sparse dimension is summed, else sparse (coalesced)."""
     sparse_dim, dims = _sparse_dim(s), {d % s.dim() for d in dim}
-    values = s.values_.sum([d - sparse_dim + 1 for d in dims if d >= sparse_dim]) if max(dims) >= sparse_dim \
-        else s.values_
+    dense_dims = [d - sparse_dim + 1 for d in dims if d >= sparse_dim]  # of the values (rows first)
+    values = s.values_.sum(dense_dims) if dense_dims else s.values_
     kept = [d for d in range(sparse_dim) if d not in dims]
     if not kept:
         return values.sum(0)
@@ -462,10 +462,12 @@ def _is_matrix(s) -> bool:
 
 @_implements(aten.mm.default, aten._sparse_mm.default)
 def _mm(a, b):
-    if _is_matrix(a) and _is_dense_neuron(b) and b.dim() == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype:
+    if not (a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype):
+        return NotImplemented
+    if _is_matrix(a) and _is_dense_neuron(b):
         rows, columns = a.indices_
         return b.new_zeros((a.shape[0], b.shape[1])).index_add_(0, rows, a.values_.unsqueeze(1) * b[columns])
-    if _is_dense_neuron(a) and a.dim() == 2 and _is_matrix(b) and a.shape[1] == b.shape[0] and a.dtype == b.dtype:
+    if _is_dense_neuron(a) and _is_matrix(b):
         rows, columns = b.indices_
         return a.new_zeros((a.shape[0], b.shape[1])).index_add_(1, columns, a[:, rows] * b.values_)
     return NotImplemented
