@@ -292,23 +292,6 @@ def test_growing_a_storage_beyond_the_device_raises_out_of_memory():
     assert x.untyped_storage().nbytes() == 16 and x.sum().item() == 4.0
 
 
-@pytest.mark.parametrize(
-    "sparse, layout",
-    [
-        (lambda x: x.to_sparse_csr(), "sparse_csr"),
-        (lambda x: x.to_sparse(layout=torch.sparse_csc), "sparse_csc"),
-        (lambda x: x.cpu().to_sparse_csr().to("neuron"), "sparse_csr"),
-        (lambda x: x.cpu().to_sparse_bsr((1, 1)).to("neuron"), "sparse_bsr"),
-        (lambda x: torch.sparse_csr_tensor([0, 1, 1], [0], [1.0], (2, 2), device="neuron"), "sparse_csr"),
-    ],
-    ids=["to_sparse_csr", "to_sparse-csc", "csr-to-neuron", "bsr-to-neuron", "sparse_csr_tensor"],
-)
-def test_compressed_sparse_layouts_raise_not_implemented_naming_layout_and_op(sparse, layout):
-    """Sparse COO tensors live on neuron (tests/test_sparse.py); the compressed layouts do not."""
-    with pytest.raises(NotImplementedError, match=rf"aten\..*torch\.{layout}"):
-        sparse(torch.ones(2, 2, device="neuron"))
-
-
 def _set(x, key, value):
     x[key] = value
     return x

@@ -148,8 +148,9 @@ def test_a_tensor_without_sparse_dimensions(name):
     lambda s, d: s.index_select(0, d(torch.tensor([0, 2]))),  # out of range
     lambda s, d: s.to_dense().to_sparse(1).index_select(1, d(torch.tensor([-1]))),  # from the end, dense dim
     lambda s, d: torch.sparse_coo_tensor(s._indices(), d(torch.ones(3)), (2, 3)),  # 3 values, 4 indices
+    lambda s, d: s.to_dense().to_sparse(3),  # more sparse dimensions than it has
 ], ids=["sparse + dense", "indices of uncoalesced", "index_select out of range",
-    "index_select of a dense dimension from the end", "values and indices disagree"])
+    "index_select of a dense dimension from the end", "values and indices disagree", "to_sparse(3) of a matrix"])
 def test_bad_input_raises_the_cpus_error(call):
     """The CPU's error, with fallback made an error too: bad input is not a fallback."""
     neuron, cpu = _pair()

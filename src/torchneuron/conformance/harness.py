@@ -589,7 +589,7 @@ def _out(op, dtype, limit):
         if not all(isinstance(t, torch.Tensor) for t in tree_flatten(expected)[0]):
             continue
         cpu_out = tree_map(torch.empty_like, expected)
-        neuron_out = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="neuron"), expected)
+        neuron_out = tree_map(_neuron_out_like, expected)
         x, args, kwargs = _cloned(sample)
         try:
             cpu_result = op(x, *args, **kwargs, out=cpu_out)
@@ -606,6 +606,14 @@ def _out(op, dtype, limit):
             _compare(neuron_out, cpu_out, random, op.name in UNINITIALISED)
         else:
             assert_close(*_canonical(op, sample, tree_map(_to_cpu, neuron_out), cpu_out))
+
+
+def _neuron_out_like(t):
+    """An out= tensor for a result like `t`: a new strided one, or one of `t`'s sparse layout (as the CPU's
+    `empty_like`: a sparse out= tensor keeps its layout)."""
+    if t.layout == torch.strided:
+        return torch.empty(t.shape, dtype=t.dtype, device="neuron")
+    return torch.empty_like(t, device="neuron")
 
 
 def _errors(op, dtype, limit):

@@ -1,4 +1,5 @@
 """Registering `neuron` with PyTorch: PrivateUse1 renamed, device module, native hooks and guard, factories."""
+import functools
 import sys
 
 import torch
@@ -68,6 +69,33 @@ def _sparse_factory(name):
     return kernel
 
 
+# ops with a kernel for every device (CompositeExplicitAutograd) that PyTorch's CPU kernels for compressed layouts
+# override: a compressed neuron tensor would run the generic one (torch 2.13's list; tests/test_sparse_compressed.py
+# checks it against the running torch)
+COMPRESSED_OVERRIDES = (
+    "_conj_physical", "_pin_memory", "abs", "abs_", "ccol_indices", "clone", "col_indices", "conj_physical_",
+    "copy_", "crow_indices", "deg2rad", "deg2rad.out", "deg2rad_", "dense_dim", "empty_like", "is_pinned",
+    "isinf", "mul.Scalar", "mul_.Scalar", "rad2deg", "rad2deg.out", "rad2deg_", "row_indices", "select.int",
+    "sparse_dim", "sum", "values")
+
+
+def _compressed(*args, op, **kwargs):
+    """A compressed neuron tensor PyTorch made below the Python key (a CPU kernel given device="neuron") reaches
+    the kernels of neuron's compressed layouts: it is seen as eager/sparse_compressed.py's and `op` runs again."""
+    from ..eager import sparse_compressed
+
+    return sparse_compressed.adopted(op, args, kwargs)
+
+
+def _compressed_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """`torch.empty(..., layout=torch.sparse_csr, device="neuron")`: the CPU's (its checks; no entries), moved."""
+    return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format).to(device)
+
+
+def _compressed_fallback(op, *args, **kwargs):
+    return _compressed(*args, op=op, **kwargs)
+
+
 def _copy_from(source, destination, non_blocking=False):
     """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
     from ..eager.dispatch import dispatch
@@ -101,6 +129,14 @@ def register() -> None:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "PrivateUse1")
     for name in ("empty.memory_format", "_sparse_coo_tensor_with_dims"):
         library.impl(name, _sparse_factory(name), "SparsePrivateUse1")
+    library.impl("empty.memory_format", _compressed_empty, "SparseCsrPrivateUse1")
+    for name in COMPRESSED_OVERRIDES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        library.impl(name, functools.partial(_compressed, op=op), "SparseCsrPrivateUse1")
+    fallbacks = torch.library.Library("_", "IMPL")
+    fallbacks.fallback(_compressed_fallback, "SparseCsrPrivateUse1")
+    _registered.append(fallbacks)
     for name in _UNCHECKED_COMPOSITES:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "AutogradPrivateUse1")
     _registered.append(library)

@@ -10,7 +10,7 @@ from ..ops import rules
 from ..runtime import events
 from ..runtime import tensor as neuron_tensor
 from . import fallback, handlers, math_bits, views
-from . import sparse  # noqa: F401  (registration side effects: the handlers making sparse tensors)
+from . import sparse, sparse_compressed  # noqa: F401  (registration side effects: the handlers making sparse tensors)
 from .executable import Compute
 
 _HANDLERS = {}

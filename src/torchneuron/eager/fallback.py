@@ -85,11 +85,11 @@ def run_on_cpu(func, args, kwargs):
 
     def to_neuron(value):
         if isinstance(value, torch.Tensor):
-            if value.layout not in (torch.strided, torch.sparse_coo) or value.is_nested:
+            if value.layout not in (torch.strided, *_SPARSE_LAYOUTS) or value.is_nested:
                 kind = "nested" if value.is_nested else str(value.layout)
                 raise NotImplementedError(
-                    f"torchneuron: {name} returns a {kind} tensor; only torch.strided and torch.sparse_coo tensors "
-                    "live on neuron. Please report the op at the project's issue tracker."
+                    f"torchneuron: {name} returns a {kind} tensor; only strided and sparse tensors live on neuron. "
+                    "Please report the op at the project's issue tracker."
                 )
             original = back.get(id(value))
             return original if original is not None else value.to(device)
@@ -98,9 +98,12 @@ def run_on_cpu(func, args, kwargs):
     return tree_map(to_neuron, out)
 
 
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
 def _is_neuron_sparse(value) -> bool:
-    """A sparse COO tensor on neuron (eager/sparse.py, whose unhandled ops come here)."""
-    return isinstance(value, torch.Tensor) and value.is_sparse and value.device.type == "neuron"
+    """A sparse tensor on neuron (eager/sparse.py and sparse_compressed.py, whose unhandled ops come here)."""
+    return isinstance(value, torch.Tensor) and value.layout in _SPARSE_LAYOUTS and value.device.type == "neuron"
 
 
 def _is_neuron(device) -> bool:

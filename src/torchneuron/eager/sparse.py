@@ -21,24 +21,16 @@ aten = torch.ops.aten
 _OPS = {}
 
 
-class SparseTensor(torch.Tensor):
-    """A sparse COO tensor on a neuron device (`layout` torch.sparse_coo, `is_sparse` True)."""
+class NeuronSparse(torch.Tensor):
+    """What neuron's sparse tensors share: their ops go to the class's table (`_ops`), else to PyTorch's
+    decomposition or the counted CPU fallback; they print as CUDA's do and pickle as a host copy."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @staticmethod
-    def __new__(cls, indices, values, size, coalesced=None):
-        tensor = torch.Tensor._make_wrapper_subclass(cls, size, dtype=values.dtype, device=values.device,
-                                                     layout=torch.sparse_coo)
-        # unless told, as PyTorch's: coalesced if it has fewer than two entries
-        tensor.indices_, tensor.values_ = indices, values
-        tensor.coalesced = indices.shape[1] < 2 if coalesced is None else coalesced
-        return tensor
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        op = _OPS.get(func)
+        op = cls._ops.get(func)
         if op is None and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             op = func.decompose  # below autograd (an op called by these) they arrive undecomposed
         elif op is None and func._schema.name.startswith("aten::_foreach_"):
@@ -48,7 +40,7 @@ class SparseTensor(torch.Tensor):
         if result is not NotImplemented:
             return result
         if op is not None:
-            _raise_the_cpus_error(func, args, kwargs)  # bad input to an op handled here is no fallback
+            return _the_cpus_answer(func, args, kwargs)  # bad input to an op handled here is no fallback
         return fallback.run_on_cpu(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents=None):
@@ -63,6 +55,21 @@ class SparseTensor(torch.Tensor):
                 (self.cpu(), self.dtype, str(self.device), self.requires_grad))
 
 
+class SparseTensor(NeuronSparse):
+    """A sparse COO tensor on a neuron device (`layout` torch.sparse_coo, `is_sparse` True)."""
+
+    _ops = _OPS
+
+    @staticmethod
+    def __new__(cls, indices, values, size, coalesced=None):
+        tensor = torch.Tensor._make_wrapper_subclass(cls, size, dtype=values.dtype, device=values.device,
+                                                     layout=torch.sparse_coo)
+        # unless told, as PyTorch's: coalesced if it has fewer than two entries
+        tensor.indices_, tensor.values_ = indices, values
+        tensor.coalesced = indices.shape[1] < 2 if coalesced is None else coalesced
+        return tensor
+
+
 _implements = handlers.registrar(_OPS)
 
 
@@ -73,6 +80,12 @@ def _raise_the_cpus_error(func, args, kwargs) -> None:
         func(*on_host[0], **on_host[1])
     except Exception as error:
         raise error from None
+
+
+def _the_cpus_answer(func, args, kwargs):
+    """The CPU's error for these arguments, else its result (a counted fallback)."""
+    _raise_the_cpus_error(func, args, kwargs)
+    return fallback.run_on_cpu(func, args, kwargs)
 
 
 def _sparse_dim(s) -> int:
@@ -105,26 +118,26 @@ def _from_indices_and_values(func, args, kwargs):
     return SparseTensor(indices, values.to(meta.dtype), meta.shape, kwargs.get("is_coalesced"))
 
 
-@handlers.handles(aten._sparse_compressed_tensor_unsafe.default)
-def _refuse_compressed(func, args, kwargs):
-    # else PyTorch's composite makes a native CSR tensor of neuron parts, on which nothing runs
-    layout = kwargs.get("layout")
-    raise NotImplementedError(
-        f"torchneuron: {func} makes a {layout} tensor; of the sparse layouts only torch.sparse_coo lives on neuron "
-        "(`.to_sparse_coo()` first). Please report it at the project's issue tracker if you need this.")
+_TO_COMPRESSED = {torch.sparse_csr: aten._to_sparse_csr, torch.sparse_csc: aten._to_sparse_csc,
+                  torch.sparse_bsr: aten._to_sparse_bsr, torch.sparse_bsc: aten._to_sparse_bsc}
 
 
 @handlers.handles(aten._to_sparse.default, aten._to_sparse.sparse_dim)
 def _from_dense(func, args, kwargs):
     dense = args[0]
+    layout = kwargs.get("layout")
     if func is aten._to_sparse.sparse_dim:
         sparse_dim = args[1]
-    elif kwargs.get("layout") not in (None, torch.sparse_coo) or kwargs.get("blocksize") is not None:
-        return fallback.run_on_cpu(func, args, kwargs)  # compressed layouts: the CPU's NotImplementedError
+    elif layout in _TO_COMPRESSED:
+        blocksize = kwargs.get("blocksize")
+        if (blocksize is None) == (layout in (torch.sparse_bsr, torch.sparse_bsc)):
+            return _the_cpus_answer(func, args, kwargs)  # its error
+        # eager/sparse_compressed.py's, as `to_sparse_csr()` and its like
+        return _TO_COMPRESSED[layout](dense, *([] if blocksize is None else [blocksize]), kwargs.get("dense_dim"))
     else:
         sparse_dim = dense.dim() - (kwargs.get("dense_dim") or 0)
     if not 0 < sparse_dim <= dense.dim():
-        return fallback.run_on_cpu(func, args, kwargs)  # the CPU's error
+        return _the_cpus_answer(func, args, kwargs)  # its error
     nonzero = dense != 0
     if sparse_dim < dense.dim():
         nonzero = nonzero.flatten(sparse_dim).any(-1)
