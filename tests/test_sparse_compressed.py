@@ -141,6 +141,11 @@ def test_to_coo_and_from_coo(layout):
     _assert_same(_convert(coo.to("neuron"), layout), _convert(coo, layout))
 
 
+def test_csr_to_csc_and_back():
+    _assert_same(DENSE.to_sparse_csr().to("neuron").to_sparse_csc(), DENSE.to_sparse_csr().to_sparse_csc())
+    _assert_same(DENSE.to_sparse_csc().to("neuron").to_sparse_csr(), DENSE.to_sparse_csc().to_sparse_csr())
+
+
 def test_batched_to_coo():
     cpu = BATCHED.to_sparse_csr().to_sparse()
     neuron = BATCHED.to("neuron").to_sparse_csr().to_sparse()
@@ -279,8 +284,8 @@ def test_other_ops_run_on_the_cpu_counted(monkeypatch):
     monkeypatch.delenv("TORCHNEURON_FALLBACK")
     neuron = DENSE.to_sparse_csr().to("neuron")
     fallback.reset()
-    _assert_same(neuron.to_sparse_csc(), DENSE.to_sparse_csc())
-    assert fallback.counts == {"aten._to_sparse_csc.default": 1}
+    _assert_same(neuron.to_sparse_bsr((2, 2)), DENSE.to_sparse_csr().to_sparse_bsr((2, 2)))
+    assert fallback.counts == {"aten._to_sparse_bsr.default": 1}
 
 
 def test_compiled_functions_take_them():

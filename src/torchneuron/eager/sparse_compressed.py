@@ -98,10 +98,6 @@ def _like(t, values, shape=None, layout=None):
                       layout or t.layout)
 
 
-def _n_batch(t) -> int:
-    return _parts(t)[0].dim() - 1
-
-
 def _coordinates(t):
     """COO indices of `t`'s entries in its own order (batch dimensions, then rows and columns, of blocks for
     BSR and BSC), and their values (nnz first, then the blocks' and dense dimensions)."""
@@ -117,21 +113,17 @@ def _coordinates(t):
     return torch.stack([*batch_indices, rows, columns]), values.reshape(n * nnz, *values.shape[len(batch) + 1:])
 
 
-def _matrix_entries(t):
-    """Rows, columns and values of a 2-D CSR or CSC tensor's entries (None if it is not one)."""
-    if not (_is_ours(t) and t.layout not in _BLOCKED and t.dim() == 2):
-        return None
-    (rows, columns), values = _coordinates(t)
-    return rows, columns, values
+def _matrix_coordinates(t):
+    """`_coordinates` of a 2-D CSR or CSC tensor: (rows, columns), values; None for any other."""
+    return _coordinates(t) if _is_ours(t) and t.layout not in _BLOCKED and t.dim() == 2 else None
 
 
 def _as_coo(t):
     """A 2-D CSR or CSC tensor as a COO tensor of the same entries, in its order (None for any other)."""
-    entries = _matrix_entries(t)
-    if entries is None:
+    coordinates = _matrix_coordinates(t)
+    if coordinates is None:
         return None
-    rows, columns, values = entries
-    return SparseTensor(torch.stack([rows, columns]), values, t.shape, t.layout is torch.sparse_csr)
+    return SparseTensor(*coordinates, t.shape, t.layout is torch.sparse_csr)
 
 
 # --- construction ----------------------------------------------------------------------------------------------
@@ -215,8 +207,19 @@ def _coo_to_compressed(layout):
     return convert
 
 
-sparse._OPS[aten._to_sparse_csr.default] = _coo_to_compressed(torch.sparse_csr)
-sparse._OPS[aten._to_sparse_csc.default] = _coo_to_compressed(torch.sparse_csc)
+def _recompressed(layout):
+    """A CSR matrix as CSC or the other way round: through its COO form."""
+    to_layout = _coo_to_compressed(layout)
+
+    def convert(t, dense_dim=None):
+        coo = _as_coo(t)
+        return NotImplemented if coo is None else to_layout(coo, dense_dim)
+    return convert
+
+
+for _layout, _op in ((torch.sparse_csr, aten._to_sparse_csr.default), (torch.sparse_csc, aten._to_sparse_csc.default)):
+    sparse._OPS[_op] = _coo_to_compressed(_layout)
+    _OPS[_op] = _recompressed(_layout)
 
 
 # --- what it is, copies and conversions ------------------------------------------------------------------------
@@ -282,7 +285,7 @@ def _to_dense(t, dtype=None, masked_grad=None):
     indices, values = _coordinates(t)
     if dtype is not None:
         values = values.to(dtype)
-    n_batch = _n_batch(t)
+    n_batch = indices.shape[0] - 2
     if t.layout not in _BLOCKED:
         return sparse._add_into_dense(values.new_zeros(t.shape), indices, values)
     block = values.shape[1:3]
@@ -355,7 +358,7 @@ def _sum(t, dtype=None):
 def _dense_and_compressed(a, b):
     """(dense, compressed) of a dense neuron tensor and a 2-D CSR or CSC one of its shape, either order; or None."""
     dense, other = (b, a) if _is_ours(a) else (a, b)
-    if sparse._is_dense_neuron(dense) and _matrix_entries(other) is not None and dense.shape == other.shape:
+    if sparse._is_dense_neuron(dense) and _matrix_coordinates(other) is not None and dense.shape == other.shape:
         return dense, other
     return None
 
@@ -380,9 +383,9 @@ def _add(a, b, alpha=1):
     if mixed is not None:
         # dense + alpha * sparse in either order, as the CPU computes it
         dense, other = mixed
-        rows, columns, values = _matrix_entries(other)
+        indices, values = _matrix_coordinates(other)
         dense = dense.to(torch.promote_types(dense.dtype, other.dtype), copy=True)
-        return sparse._add_into_dense(dense, torch.stack([rows, columns]), sparse._scaled(values, alpha))
+        return sparse._add_into_dense(dense, indices, sparse._scaled(values, alpha))
     if not (a.layout is b.layout is torch.sparse_csr and a.dtype == b.dtype and a.shape == b.shape):
         return NotImplemented
     summed = sparse._OPS[aten.add.Tensor](_as_coo(a), _as_coo(b), alpha)
@@ -397,8 +400,8 @@ def _add_in_place(a, b, alpha=1):
         mixed = _dense_and_compressed(a, b)
         if mixed is None or not torch.can_cast(b.dtype, a.dtype):
             return NotImplemented
-        rows, columns, values = _matrix_entries(b)
-        return sparse._add_into_dense(a, torch.stack([rows, columns]), sparse._scaled(values, alpha))
+        indices, values = _matrix_coordinates(b)
+        return sparse._add_into_dense(a, indices, sparse._scaled(values, alpha))
     summed = _add(a, b, alpha)
     if summed is NotImplemented or not _is_ours(summed):
         return NotImplemented
@@ -450,7 +453,7 @@ def _mm_reduce(t, other, reduce):
     first of equals; the number of entries where none is)."""
     if not (_matrix_product_check(t, other) and reduce in ("sum", "mean", "amax", "amin")):
         return NotImplemented
-    rows, columns, values = _matrix_entries(t)
+    (rows, columns), values = _matrix_coordinates(t)
     products = values.unsqueeze(1) * other[columns]
     out = other.new_zeros((t.shape[0], other.shape[1]))
     nnz = values.shape[0]
@@ -474,7 +477,7 @@ def _mm_reduce(t, other, reduce):
 def _mm_reduce_backward(t, grad_out, other, reduce, arg_out, output_mask):
     if not _matrix_product_check(t, other) or reduce not in ("sum", "mean", "amax", "amin"):
         return NotImplemented
-    rows, columns, values = _matrix_entries(t)
+    (rows, columns), values = _matrix_coordinates(t)
     grad_self = grad_other = None
     if reduce in ("sum", "mean"):
         grad = grad_out if reduce == "sum" else grad_out / _row_counts(t)
@@ -504,7 +507,7 @@ def _sampled_addmm(t, mat1, mat2, beta=1, alpha=1):
             and mat1.dim() == mat2.dim() == 2 and mat1.shape[1] == mat2.shape[0]
             and (mat1.shape[0], mat2.shape[1]) == tuple(t.shape) and t.dtype == mat1.dtype == mat2.dtype):
         return NotImplemented
-    rows, columns, values = _matrix_entries(t)
+    (rows, columns), values = _matrix_coordinates(t)
     products = sparse._scaled((mat1[rows] * mat2[:, columns].t()).sum(1), alpha)
     # as addmm: beta 0 ignores the input (its NaNs included)
     return _like(t, products if beta == 0 else products + sparse._scaled(values, beta))
