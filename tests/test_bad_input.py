@@ -762,3 +762,19 @@ def test_repeat_interleave_of_a_repeats_tensor_checks_and_keeps_its_dtype_as_the
         assert_same(torch.repeat_interleave(repeats.to("neuron")), torch.repeat_interleave(repeats))
         assert_same(torch.repeat_interleave(repeats.to("neuron"), output_size=5),
                     torch.repeat_interleave(repeats, output_size=5))
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.segment_reduce(torch.ones(4, dtype=torch.int64, device=d), "sum",
+                                   lengths=torch.tensor([1, 3], device=d)),
+    lambda d: torch.nn.functional.grid_sample(torch.ones(1, 1, 2, 2, 2, dtype=torch.int64, device=d),
+                                              torch.zeros(1, 1, 1, 1, 3, dtype=torch.int64, device=d),
+                                              align_corners=False),
+], ids=["segment_reduce", "grid_sampler_3d"])
+def test_floating_point_kernels_refuse_other_dtypes_as_the_cpu(call):
+    """Their CPU kernels' dtype refusals, which the CPU asked on zeros does not reach."""
+    with pytest.raises(NotImplementedError) as on_cpu:
+        call("cpu")
+    with pytest.raises(NotImplementedError) as on_neuron:
+        call("neuron")
+    assert str(on_neuron.value) == str(on_cpu.value)

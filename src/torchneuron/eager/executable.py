@@ -180,6 +180,11 @@ class Executable:
         cpu_dtypes.check(rule.op, meta_args, meta_kwargs)
         if op.drop_kwargs:
             out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
+        argument_check = registry.argument_check(rule.op)
+        if argument_check is not None:
+            # the CPU's errors as written out for the op, before the CPU asked on zeros below (which may fail on
+            # the zeros' values first: segment lengths that do not add up)
+            argument_check(*meta_args, **meta_kwargs)
         try:
             meta_out = rule.meta(*meta_args, **meta_kwargs)
         except Exception as error:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 
 from . import checks
-from ..runtime.dtypes import scalar_type_name, to_torch
+from ..runtime.dtypes import not_implemented_for, to_torch
 from .promotion import cast
 from .reductions import running_sum
 from .registry import META, Prefix, checked_meta, lower, meta_kernel, rows_kept
@@ -332,7 +332,7 @@ def _padded_masked_rows(x, mask):
 def _check_bincount(x, weights, minlength):
     """The CPU kernel's checks, in its order (it has no meta kernel to make them)."""
     if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise NotImplementedError(f'"bincount" not implemented for \'{scalar_type_name(to_torch(x.dtype))}\'')
+        raise not_implemented_for("bincount", to_torch(x.dtype))
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if x.ndim != 1 or (x.size and int(jnp.min(x)) < 0):
@@ -443,7 +443,7 @@ def repeat_interleave(repeats, *, output_size=None):
     if repeats.ndim != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if repeats.dtype not in (jnp.int32, jnp.int64):
-        raise NotImplementedError(f'"repeat_interleave_cpu" not implemented for \'{scalar_type_name(to_torch(repeats.dtype))}\'')
+        raise not_implemented_for("repeat_interleave_cpu", to_torch(repeats.dtype))
     if repeats.size and int(jnp.min(repeats)) < 0:
         raise RuntimeError("repeats can not be negative")
     if output_size is not None:

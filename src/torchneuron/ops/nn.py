@@ -9,7 +9,7 @@ import torch
 from jax import lax
 from torch._prims_common import canonicalize_dim
 
-from ..runtime.dtypes import scalar_type_name, to_torch
+from ..runtime.dtypes import not_implemented_for, to_torch
 from ..runtime.layout import conv_memory_format
 from . import checks
 from .rules import decomposed, lowering_for, vjp
@@ -646,7 +646,7 @@ def _check_dropout_dtype(x, p, train):
     """Dropout of complex input: the CPU's composite dropout refuses it at its bernoulli mask and CUDA's
     fused kernel refuses it; PyTorch's meta kernel (a decomposition) fails with another error."""
     if x.is_complex():
-        raise NotImplementedError(f'"native_dropout" not implemented for \'{scalar_type_name(x.dtype)}\'')
+        raise not_implemented_for("native_dropout", x.dtype)
 
 
 @lower(aten.native_dropout, random=True, static_scalars=True,  # branches on p

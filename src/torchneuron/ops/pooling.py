@@ -17,7 +17,7 @@ from jax import lax
 from . import checks
 from .rules import decomposed, vjp
 from .promotion import opmath
-from .registry import META, checked_meta, lower, meta_like_input
+from .registry import META, checked_meta, floating_only, lower, meta_like_input
 
 aten = torch.ops.aten
 
@@ -380,7 +380,8 @@ def _grid_gather(x, indices, weight):
     return values.reshape((n, c) + flat.shape[1:]) * jnp.where(inside, weight, 0)[:, None]
 
 
-@lower(aten.grid_sampler_2d, aten.grid_sampler_3d)
+@lower(aten.grid_sampler_2d)
+@lower(aten.grid_sampler_3d, meta=checked_meta(floating_only("grid_sampler3d_cpu"), aten.grid_sampler_3d.default))
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
     if interpolation_mode == 2:  # bicubic, 2-d only
         from .rules import decomposed

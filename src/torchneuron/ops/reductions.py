@@ -9,7 +9,7 @@ from jax import lax
 
 from ..runtime.dtypes import to_jax
 from .promotion import opmath
-from .registry import META, checked_meta, lower
+from .registry import META, checked_meta, floating_only, lower
 
 aten = torch.ops.aten
 
@@ -337,7 +337,7 @@ def _segment_identity(reduce, dtype):
     return 1 if reduce == "prod" else 0
 
 
-@lower(aten.segment_reduce)
+@lower(aten.segment_reduce, meta=checked_meta(floating_only("_segment_reduce_cpu"), aten.segment_reduce.default))
 def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     """Reductions of consecutive segments along axis (as long as `lengths`, or between `offsets`):
     each segment is a mask over the axis, so shapes stay static."""

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from .. import patches
+from ..runtime.dtypes import not_implemented_for
 
 LOWERINGS: dict = {}
 RANDOM_OPS: set = set()
@@ -138,6 +139,17 @@ def meta_casting_into_out(functional):
         return torch._refs._maybe_resize_out(out, functional(*args, **kwargs).shape)
 
     return meta
+
+
+def floating_only(kernel: str):
+    """A check for `checked_meta`: the CPU kernel `kernel` (as PyTorch names it) takes floating-point input only,
+    refused by its dtype dispatch, which the CPU reaches only with work to do (no segments, a large sample)."""
+
+    def check(x, *args, **kwargs):
+        if not x.is_floating_point():
+            raise not_implemented_for(kernel, x.dtype)
+
+    return check
 
 
 def argument_check(op):

@@ -58,6 +58,11 @@ def scalar_type_name(dtype) -> str:
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
+def not_implemented_for(kernel: str, dtype) -> NotImplementedError:
+    """The error PyTorch's dtype dispatch raises where its kernel `kernel` takes no `dtype`."""
+    return NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dtype)}\'')
+
+
 def to_jax(dtype: torch.dtype):
     try:
         return _TORCH_TO_JAX[dtype]
