@@ -79,9 +79,10 @@ COMPRESSED_OVERRIDES = (
     "sparse_dim", "sum", "values")
 
 
-def _compressed(*args, op, **kwargs):
-    """A compressed neuron tensor PyTorch made below the Python key (a CPU kernel given device="neuron") reaches
-    the kernels of neuron's compressed layouts: it is seen as eager/sparse_compressed.py's and `op` runs again."""
+def _compressed(op, *args, **kwargs):
+    """The kernel of every op for neuron's compressed layouts, which only a compressed neuron tensor PyTorch made
+    below the Python key reaches (a CPU kernel given device="neuron"): it is seen as eager/sparse_compressed.py's
+    and `op` runs again."""
     from ..eager import sparse_compressed
 
     return sparse_compressed.adopted(op, args, kwargs)
@@ -90,10 +91,6 @@ def _compressed(*args, op, **kwargs):
 def _compressed_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """`torch.empty(..., layout=torch.sparse_csr, device="neuron")`: the CPU's (its checks; no entries), moved."""
     return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format).to(device)
-
-
-def _compressed_fallback(op, *args, **kwargs):
-    return _compressed(*args, op=op, **kwargs)
 
 
 def _copy_from(source, destination, non_blocking=False):
@@ -133,9 +130,9 @@ def register() -> None:
     for name in COMPRESSED_OVERRIDES:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        library.impl(name, functools.partial(_compressed, op=op), "SparseCsrPrivateUse1")
+        library.impl(name, functools.partial(_compressed, op), "SparseCsrPrivateUse1")
     fallbacks = torch.library.Library("_", "IMPL")
-    fallbacks.fallback(_compressed_fallback, "SparseCsrPrivateUse1")
+    fallbacks.fallback(_compressed, "SparseCsrPrivateUse1")
     _registered.append(fallbacks)
     for name in _UNCHECKED_COMPOSITES:
         library.impl(name, _dispatched(getattr(torch.ops.aten, name).default), "AutogradPrivateUse1")

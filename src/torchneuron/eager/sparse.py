@@ -73,18 +73,14 @@ class SparseTensor(NeuronSparse):
 _implements = handlers.registrar(_OPS)
 
 
-def _raise_the_cpus_error(func, args, kwargs) -> None:
-    """Raise what the CPU raises for these arguments (on host copies), if it does."""
+def _the_cpus_answer(func, args, kwargs):
+    """What the CPU raises for these arguments (asked on host copies; no fallback), else its result (a counted
+    fallback)."""
     on_host = tree_map_only(torch.Tensor, lambda t: t.cpu() if t.device.type == "neuron" else t, (args, kwargs))
     try:
         func(*on_host[0], **on_host[1])
     except Exception as error:
         raise error from None
-
-
-def _the_cpus_answer(func, args, kwargs):
-    """The CPU's error for these arguments, else its result (a counted fallback)."""
-    _raise_the_cpus_error(func, args, kwargs)
     return fallback.run_on_cpu(func, args, kwargs)
 
 
