@@ -262,3 +262,41 @@ def test_a_compiled_model_with_a_sparse_embedding_gets_its_sparse_gradient():
         assert embedding.weight.grad.is_sparse
         results[device] = (loss.detach().cpu(), embedding.weight.grad.cpu().to_dense())
     torch.testing.assert_close(results["neuron"], results["cpu"])
+
+
+JOIN_A = torch.tensor([[1.0, 0], [0, 2]]).to_sparse()
+JOIN_B = torch.tensor([[0.0, 3], [4, 0]]).to_sparse()
+HYBRID = torch.arange(12.0).view(2, 2, 3).to_sparse(1)  # one sparse dimension, two dense
+JOINS = {
+    "cat along a sparse dim": lambda a, b, h: torch.cat([a, b], 0),
+    "cat along the last sparse dim": lambda a, b, h: torch.cat([a, b], 1),
+    "cat along a dense dim": lambda a, b, h: torch.cat([h, h], 2),
+    "cat of two dtypes": lambda a, b, h: torch.cat([a, b.double()]),
+    "stack": lambda a, b, h: torch.stack([a, b]),
+    "stack after the sparse dims": lambda a, b, h: torch.stack([a, b], 2),
+    "stack among the dense dims": lambda a, b, h: torch.stack([h, h], -1),
+    "unsqueeze": lambda a, b, h: torch.unsqueeze(a, 1),
+    "unsqueeze of a dense dim": lambda a, b, h: torch.unsqueeze(h, 3),
+}
+
+
+@pytest.mark.parametrize("join", JOINS.values(), ids=JOINS.keys())
+def test_joined_as_on_the_cpu(join):
+    """The same entries in the same order (uncoalesced, as the CPU's)."""
+    expected = join(JOIN_A, JOIN_B, HYBRID)
+    with fallback.as_error():
+        actual = join(JOIN_A.to("neuron"), JOIN_B.to("neuron"), HYBRID.to("neuron"))
+    _assert_same(actual, expected)
+    torch.testing.assert_close(actual._indices().cpu(), expected._indices())
+
+
+@pytest.mark.parametrize("join", [
+    lambda a, d: torch.cat([a, d(torch.ones(2, 2))]),  # a dense tensor among them
+    lambda a, d: torch.cat([a, d(torch.ones(2, 3)).to_sparse()]),  # other sizes
+], ids=["dense among sparse", "other sizes"])
+def test_bad_joins_raise_the_cpus_error(join):
+    with pytest.raises(RuntimeError) as on_cpu:
+        join(JOIN_A, lambda t: t)
+    with fallback.as_error(), pytest.raises(RuntimeError) as on_neuron:
+        join(JOIN_A.to("neuron"), lambda t: t.to("neuron"))
+    assert str(on_neuron.value) == str(on_cpu.value)

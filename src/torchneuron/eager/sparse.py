@@ -9,6 +9,8 @@ the CPU and comes back (eager/fallback.py: counted and reported, as every fallba
 get its error, and are no fallback.
 """
 
+import functools
+
 import torch
 from torch.utils._pytree import tree_map_only
 
@@ -503,3 +505,58 @@ def _transpose(s, dim0=0, dim1=1):
     shape = list(s.shape)
     shape[dim0], shape[dim1] = shape[dim1], shape[dim0]
     return SparseTensor(s.indices_[order], s.values_, shape, s.coalesced and dim0 == dim1)
+
+
+# --- joining ---------------------------------------------------------------------------------------------------
+
+@_implements(aten.unsqueeze.default)
+def _unsqueeze(s, dim):
+    """A new dimension of size 1: sparse if it comes before the dense ones (as the CPU's; uncoalesced)."""
+    dim = dim % (s.dim() + 1)
+    shape = [*s.shape[:dim], 1, *s.shape[dim:]]
+    if dim <= _sparse_dim(s):
+        zeros = s.indices_.new_zeros((1, s.indices_.shape[1]))
+        return SparseTensor(torch.cat([s.indices_[:dim], zeros, s.indices_[dim:]]), s.values_, shape, False)
+    return SparseTensor(s.indices_, s.values_.unsqueeze(dim - _sparse_dim(s) + 1), shape, False)
+
+
+@_implements(aten.cat.default)
+def _cat(tensors, dim=0):
+    """Along a sparse dimension, each tensor's entries moved past the ones before; along a dense one, each
+    tensor's values padded with zeros where the others' go (uncoalesced, as the CPU's)."""
+    first = tensors[0] if tensors else None
+    if not (tensors and all(map(_is_ours, tensors)) and first.dim()):
+        return NotImplemented
+    dim = dim % first.dim()
+    sparse_dim = _sparse_dim(first)
+    if any(_sparse_dim(t) != sparse_dim or _resized(t.shape, dim, 0) != _resized(first.shape, dim, 0)
+           for t in tensors):
+        return NotImplemented  # the CPU's error
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    sizes = [t.shape[dim] for t in tensors]
+    starts = [sum(sizes[:k]) for k in range(len(tensors))]
+    indices, values = [], []
+    for t, start, size in zip(tensors, starts, sizes):
+        if dim < sparse_dim:
+            shifted = t.indices_.clone()
+            shifted[dim] += start
+            indices.append(shifted)
+            values.append(t.values_.to(dtype))
+        else:
+            axis = dim - sparse_dim + 1  # of the values
+            padded = t.values_.new_zeros(_resized(t.values_.shape, axis, sum(sizes)), dtype=dtype)
+            padded.narrow(axis, start, size).copy_(t.values_)
+            indices.append(t.indices_)
+            values.append(padded)
+    return SparseTensor(torch.cat(indices, 1), torch.cat(values), _resized(first.shape, dim, sum(sizes)), False)
+
+
+def _resized(shape, dim, size) -> list:
+    return [*shape[:dim], size, *shape[dim + 1:]]
+
+
+@_implements(aten.stack.default)
+def _stack(tensors, dim=0):
+    if not (tensors and all(map(_is_ours, tensors))):
+        return NotImplemented
+    return _cat([_unsqueeze(t, dim) for t in tensors], dim % (tensors[0].dim() + 1))
