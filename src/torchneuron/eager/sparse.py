@@ -235,6 +235,10 @@ def _coalesce(s):
     return SparseTensor(indices, values, s.shape, True)
 
 
+def _coalesced(s):
+    return s if s.coalesced else _coalesce(s)
+
+
 @_implements(aten._to_dense.default)
 def _to_dense(s, dtype=None, masked_grad=None):
     values = s.values_ if dtype is None else s.values_.to(dtype)
@@ -307,7 +311,7 @@ def _sparse_mask(source, mask):
     if _is_dense_neuron(source):
         values = source[tuple(mask.indices_)]
     elif _is_ours(source) and _sparse_dim(source) == _sparse_dim(mask):
-        values = _values_at(_coalesce(source), mask.indices_)
+        values = _values_at(_coalesced(source), mask.indices_)
     else:
         return NotImplemented
     return SparseTensor(mask.indices_, values, mask.shape, mask.coalesced)
@@ -404,7 +408,7 @@ def _on_coalesced_values(compute):
     def op(s, *numbers):
         if not (_is_ours(s) and all(map(_is_number, numbers))):
             return NotImplemented
-        coalesced = s if s.coalesced else _coalesce(s)
+        coalesced = _coalesced(s)
         return SparseTensor(coalesced.indices_, compute(coalesced.values_, *numbers), s.shape, True)
     return op
 
@@ -560,3 +564,65 @@ def _stack(tensors, dim=0):
     if not (tensors and all(map(_is_ours, tensors))):
         return NotImplemented
     return _cat([_unsqueeze(t, dim) for t in tensors], dim % (tensors[0].dim() + 1))
+
+
+# --- softmax ---------------------------------------------------------------------------------------------------
+
+def _groups(s, dim):
+    """For a coalesced `s` and one of its sparse dimensions: each entry's group, the entries sharing its other
+    sparse indices (numbered below nnz)."""
+    others = [d for d in range(_sparse_dim(s)) if d != dim]
+    key = _linear_index(s.indices_[others], [s.shape[d] for d in others])
+    return torch.unique(key, return_inverse=True)[1]
+
+
+def _group_sum(values, groups):
+    return values.new_zeros(values.shape).index_add_(0, groups, values)[groups]
+
+
+def _softmax_of(log: bool):
+    """torch.sparse.softmax / log_softmax: over the entries along `dim` (an entry missing counts as minus
+    infinity), each group of entries sharing the other sparse indices; along a dense dimension, of the values."""
+    def softmax(s, dim, half_to_float):
+        if half_to_float:
+            return NotImplemented
+        s = _coalesced(s)
+        dim = dim % s.dim()
+        if dim >= _sparse_dim(s):
+            values = (torch.log_softmax if log else torch.softmax)(s.values_, dim - _sparse_dim(s) + 1)
+            return SparseTensor(s.indices_, values, s.shape, True)
+        groups = _groups(s, dim)
+        index = groups.view(-1, *[1] * (s.values_.dim() - 1)).expand_as(s.values_)
+        top = torch.full_like(s.values_, -torch.inf).scatter_reduce(0, index, s.values_, "amax")
+        shifted = s.values_ - top[groups]
+        total = _group_sum(shifted.exp(), groups)
+        return SparseTensor(s.indices_, shifted - total.log() if log else shifted.exp() / total, s.shape, True)
+    return softmax
+
+
+def _softmax_backward_of(log: bool):
+    def backward(grad, output, dim, input):
+        if not (_is_ours(output) and output.coalesced and (_is_ours(grad) or _is_dense_neuron(grad))):
+            return NotImplemented
+        dim = dim % output.dim()
+        g = _values_at(_coalesced(grad), output.indices_) if _is_ours(grad) else grad[tuple(output.indices_)]
+        y = output.values_
+        if dim >= _sparse_dim(output):
+            axis = dim - _sparse_dim(output) + 1
+
+            def total(v):
+                return v.sum(axis, keepdim=True)
+        else:
+            groups = _groups(output, dim)
+
+            def total(v):
+                return _group_sum(v, groups)
+        values = g - y.exp() * total(g) if log else y * (g - total(g * y))
+        return SparseTensor(output.indices_, values, output.shape, False)  # the CPU's does not mark it coalesced
+    return backward
+
+
+_OPS[aten._sparse_softmax.default] = _softmax_of(log=False)
+_OPS[aten._sparse_log_softmax.default] = _softmax_of(log=True)
+_OPS[aten._sparse_softmax_backward_data.default] = _softmax_backward_of(log=False)
+_OPS[aten._sparse_log_softmax_backward_data.default] = _softmax_backward_of(log=True)
