@@ -457,16 +457,20 @@ def _index_select(s, dim, index):
         return NotImplemented  # the CPU's error
     if dim >= _sparse_dim(s):
         return SparseTensor(s.indices_, s.values_.index_select(dim - _sparse_dim(s) + 1, index), shape)
-    index = torch.where(index < 0, index + s.shape[dim], index)
-    keys, order = torch.sort(s.indices_[dim])
-    low, high = torch.searchsorted(keys, index), torch.searchsorted(keys, index, right=True)
-    counts = high - low
-    position = torch.repeat_interleave(torch.arange(index.numel(), device=index.device), counts)
-    within = torch.arange(position.numel(), device=index.device) - (counts.cumsum(0) - counts)[position]
-    entries = order[low[position] + within]
+    position, entries = _matches(torch.where(index < 0, index + s.shape[dim], index), s.indices_[dim])
     indices = s.indices_[:, entries]
     indices[dim] = position
     return SparseTensor(indices, s.values_[entries], shape)
+
+
+def _matches(wanted, keys):
+    """Every pair (i, j) with wanted[i] == keys[j], as two index tensors (a data-dependent number of pairs)."""
+    keys, order = torch.sort(keys)
+    low, high = torch.searchsorted(keys, wanted), torch.searchsorted(keys, wanted, right=True)
+    counts = high - low
+    position = torch.repeat_interleave(torch.arange(wanted.numel(), device=wanted.device), counts)
+    within = torch.arange(position.numel(), device=wanted.device) - (counts.cumsum(0) - counts)[position]
+    return position, order[low[position] + within]
 
 
 # --- products --------------------------------------------------------------------------------------------------
@@ -479,6 +483,8 @@ def _is_matrix(s) -> bool:
 def _mm(a, b):
     if not (a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype):
         return NotImplemented
+    if _is_matrix(a) and _is_matrix(b):
+        return _sparse_sparse_matmul(a, b)
     if _is_matrix(a) and _is_dense_neuron(b):
         rows, columns = a.indices_
         return b.new_zeros((a.shape[0], b.shape[1])).index_add_(0, rows, a.values_.unsqueeze(1) * b[columns])
@@ -486,6 +492,30 @@ def _mm(a, b):
         rows, columns = b.indices_
         return a.new_zeros((a.shape[0], b.shape[1])).index_add_(1, columns, a[:, rows] * b.values_)
     return NotImplemented
+
+
+@_implements(aten._sparse_sparse_matmul.default)
+def _sparse_sparse_matmul(a, b):
+    """Sparse @ sparse: a product for each pair of entries meeting at an inner index, summed (coalesced)."""
+    if not (_is_matrix(a) and _is_matrix(b) and a.shape[1] == b.shape[0] and a.dtype == b.dtype):
+        return NotImplemented
+    left, right = _matches(a.indices_[1], b.indices_[0])
+    indices = torch.stack([a.indices_[0][left], b.indices_[1][right]])
+    return _coalesce(SparseTensor(indices, a.values_[left] * b.values_[right], (a.shape[0], b.shape[1])))
+
+
+@_implements(aten._sparse_mask_projection.default)
+def _mask_projection(t, mask, accumulate_matches=False):
+    """`t`'s entries, zero where `mask` has none at their index (if accumulating, times the number it has there):
+    a sparse product's gradient, kept where the product's entries are."""
+    if not (_is_ours(t) and _is_ours(mask) and t.shape == mask.shape and _sparse_dim(t) == _sparse_dim(mask)):
+        return NotImplemented
+    sizes = t.shape[:_sparse_dim(t)]
+    entries = torch.sort(_linear_index(mask.indices_, sizes)).values
+    wanted = _linear_index(t.indices_, sizes)
+    matches = torch.searchsorted(entries, wanted, right=True) - torch.searchsorted(entries, wanted)
+    factor = (matches if accumulate_matches else matches > 0).to(t.dtype).view(-1, *[1] * len(_dense_shape(t)))
+    return SparseTensor(t.indices_, t.values_ * factor, t.shape, t.coalesced)
 
 
 @_implements(aten.addmm.default, aten._sparse_addmm.default)
