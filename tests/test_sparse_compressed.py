@@ -61,12 +61,14 @@ def test_to_sparse_with_a_layout(layout):
 
 
 @pytest.mark.parametrize("convert", [
+    lambda d: d.to_sparse_csr() + 1,  # a number
+    lambda d: d.to_sparse_csr().add_(1),
     lambda d: d.to_sparse_bsr((3, 3)),  # blocks that do not tile the matrix
     lambda d: d.to_sparse(layout=torch.sparse_bsr),  # no block size
     lambda d: d[0].to_sparse_csr(),  # one dimension
     lambda d: torch.stack([d, torch.eye(4, device=d.device)]).to_sparse_csr(),  # batches of unequal entries
-], ids=["blocks", "no blocksize", "vector", "unequal batches"])
-def test_bad_conversions_raise_the_cpus_error(convert):
+], ids=["plus a number", "plus a number in place", "blocks", "no blocksize", "vector", "unequal batches"])
+def test_bad_input_raises_the_cpus_error(convert):
     with pytest.raises(Exception) as on_cpu:
         convert(DENSE)
     with pytest.raises(on_cpu.type) as on_neuron:

@@ -386,7 +386,8 @@ def _add(a, b, alpha=1):
         indices, values = _matrix_coordinates(other)
         dense = dense.to(torch.promote_types(dense.dtype, other.dtype), copy=True)
         return sparse._add_into_dense(dense, indices, sparse._scaled(values, alpha))
-    if not (a.layout is b.layout is torch.sparse_csr and a.dtype == b.dtype and a.shape == b.shape):
+    if not (_is_ours(a) and _is_ours(b) and a.layout is b.layout is torch.sparse_csr and a.dtype == b.dtype
+            and a.shape == b.shape):
         return NotImplemented
     summed = sparse._OPS[aten.add.Tensor](_as_coo(a), _as_coo(b), alpha)
     return NotImplemented if summed is NotImplemented else _coo_to_compressed(torch.sparse_csr)(summed)
