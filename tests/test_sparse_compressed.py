@@ -319,3 +319,11 @@ def test_rounding_in_place_refused_where_the_cpu_refuses_it():
     with pytest.raises(RuntimeError) as on_neuron:
         csc.to("neuron").round_()
     assert str(on_neuron.value) == str(on_cpu.value)
+
+
+def test_collectives_refuse_them_clearly():
+    """No collective takes a compressed tensor (gloo's and NCCL's neither): refused before any process group work."""
+    from torchneuron.distributed import buffers
+
+    with pytest.raises(NotImplementedError, match="sparse_csr tensors none is supported"):
+        buffers.check_neuron(DENSE.to_sparse_csr().to("neuron"))

@@ -86,6 +86,7 @@ def check_neuron(tensor, name: str = "tensor") -> None:
     if tensor.device.type != "neuron":
         raise ValueError(f"neuron process group: expected a neuron tensor, got one on {tensor.device}")
     if tensor.layout != torch.strided:
-        raise NotImplementedError(f"neuron process group: of the collectives of {tensor.layout} tensors only "
-                                  "all_reduce is supported. Please report it at the project's issue tracker if you "
-                                  "need another.")
+        # ProcessGroup.allreduce takes sparse COO tensors before this check; no collective takes compressed ones
+        supported = "only all_reduce is" if tensor.layout == torch.sparse_coo else "none is"
+        raise NotImplementedError(f"neuron process group: of the collectives of {tensor.layout} tensors {supported} "
+                                  "supported. Please report it at the project's issue tracker if you need another.")

@@ -86,6 +86,11 @@ def _the_cpus_answer(func, args, kwargs):
     return fallback.run_on_cpu(func, args, kwargs)
 
 
+def keeps_layout_and_device(t, layout, device) -> bool:
+    """Whether a `*_like` op asked for `layout` and `device` makes a tensor of `t`'s own (the ones handled here)."""
+    return layout in (None, t.layout) and (device is None or torch.device(device) == t.device)
+
+
 def _sparse_dim(s) -> int:
     return s.indices_.shape[0]
 
@@ -116,7 +121,8 @@ def _from_indices_and_values(func, args, kwargs):
     return SparseTensor(indices, values.to(meta.dtype), meta.shape, kwargs.get("is_coalesced"))
 
 
-_TO_COMPRESSED = {torch.sparse_csr: aten._to_sparse_csr, torch.sparse_csc: aten._to_sparse_csc,
+# the op converting a dense tensor to each compressed layout (eager/sparse_compressed.py handles them)
+TO_COMPRESSED = {torch.sparse_csr: aten._to_sparse_csr, torch.sparse_csc: aten._to_sparse_csc,
                   torch.sparse_bsr: aten._to_sparse_bsr, torch.sparse_bsc: aten._to_sparse_bsc}
 
 
@@ -126,12 +132,12 @@ def _from_dense(func, args, kwargs):
     layout = kwargs.get("layout")
     if func is aten._to_sparse.sparse_dim:
         sparse_dim = args[1]
-    elif layout in _TO_COMPRESSED:
+    elif layout in TO_COMPRESSED:
         blocksize = kwargs.get("blocksize")
         if (blocksize is None) == (layout in (torch.sparse_bsr, torch.sparse_bsc)):
             return _the_cpus_answer(func, args, kwargs)  # its error
         # eager/sparse_compressed.py's, as `to_sparse_csr()` and its like
-        return _TO_COMPRESSED[layout](dense, *([] if blocksize is None else [blocksize]), kwargs.get("dense_dim"))
+        return TO_COMPRESSED[layout](dense, *([] if blocksize is None else [blocksize]), kwargs.get("dense_dim"))
     else:
         sparse_dim = dense.dim() - (kwargs.get("dense_dim") or 0)
     if not 0 < sparse_dim <= dense.dim():
@@ -285,7 +291,7 @@ def _zero(s):
 
 @_implements(aten.zeros_like.default, aten.empty_like.default)
 def _nothing_like(s, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if layout not in (None, torch.sparse_coo) or device is not None and torch.device(device) != s.device:
+    if not keeps_layout_and_device(s, layout, device):
         return NotImplemented
     empty = _empty_like(s)
     return empty if dtype is None else _to_copy(empty, dtype=dtype)

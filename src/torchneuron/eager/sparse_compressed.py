@@ -189,8 +189,8 @@ def _to_compressed(layout):
     return handler
 
 
-for _layout in LAYOUTS:
-    handlers.handles(getattr(aten, "_to_" + str(_layout).removeprefix("torch.")).default)(_to_compressed(_layout))
+for _layout, _op in sparse.TO_COMPRESSED.items():
+    handlers.handles(_op.default)(_to_compressed(_layout))
 
 
 def _coo_to_compressed(layout):
@@ -217,9 +217,9 @@ def _recompressed(layout):
     return convert
 
 
-for _layout, _op in ((torch.sparse_csr, aten._to_sparse_csr.default), (torch.sparse_csc, aten._to_sparse_csc.default)):
-    sparse._OPS[_op] = _coo_to_compressed(_layout)
-    _OPS[_op] = _recompressed(_layout)
+for _layout in (torch.sparse_csr, torch.sparse_csc):
+    sparse._OPS[sparse.TO_COMPRESSED[_layout].default] = _coo_to_compressed(_layout)
+    _OPS[sparse.TO_COMPRESSED[_layout].default] = _recompressed(_layout)
 
 
 # --- what it is, copies and conversions ------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def _clone(t, memory_format=None):
 
 @_implements(aten.empty_like.default)
 def _empty_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if layout not in (None, t.layout) or device is not None and torch.device(device) != t.device:
+    if not sparse.keeps_layout_and_device(t, layout, device):
         return NotImplemented
     compressed_indices, plain_indices, values = _parts(t)
     return compressed(compressed_indices.clone(), plain_indices.clone(), torch.empty_like(values, dtype=dtype),
@@ -247,7 +247,7 @@ def _empty_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory
 @_implements(aten.zeros_like.default)
 def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """No entries (as the CPU's)."""
-    if layout not in (None, t.layout) or device is not None and torch.device(device) != t.device:
+    if not sparse.keeps_layout_and_device(t, layout, device):
         return NotImplemented
     compressed_indices, plain_indices, values = _parts(t)
     batch = compressed_indices.shape[:-1]
@@ -273,9 +273,7 @@ def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_block
 def _copy(t, src, non_blocking=False):
     if not (src.layout == t.layout and src.shape == t.shape and src._nnz() == t._nnz()):
         return NotImplemented
-    source_parts = (src.crow_indices(), src.col_indices()) if t.layout in _ROW_MAJOR else (
-        src.ccol_indices(), src.row_indices())
-    for mine, theirs in zip(_parts(t), (*source_parts, src.values())):
+    for mine, theirs in zip(_parts(t), _parts(src)):  # a host source's parts are read alike
         mine.copy_(theirs)
     return t
 
