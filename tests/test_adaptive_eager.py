@@ -11,7 +11,8 @@ import torch.nn as nn
 from jax.extend import core as jax_core
 
 from torchneuron.eager import adaptive, fallback
-from torchneuron.runtime import pending_checks
+from torchneuron.eager import executable
+from torchneuron.runtime import pending_checks, program
 from torchneuron.runtime.storage import Pending, Storage
 
 
@@ -76,6 +77,80 @@ def test_ops_are_queued_until_a_value_is_read(queued):
     torch.testing.assert_close(z.cpu(), (a + b) * 2)
 
 
+def test_new_ops_are_queued_and_compiled_side_by_side_meanwhile(queued, monkeypatch):
+    """An op's first run is queued like any other, its program compiling on a compile thread meanwhile: the ops
+    between two reads compile side by side (and beside the host's work of queueing them), where each was compiled
+    at the op, one after another. Without compile threads the first run is at the op."""
+    a = torch.randn(11, 13)
+    x = a.to("neuron")
+    y = torch.tanh(x * 1.375) @ x.T
+    assert _is_pending(y)
+    compiling = [e for e in executable.eager_cache.entries.values()
+                 if isinstance(e, executable.Executable) and e._compiling is not None]
+    assert len(compiling) >= 3  # mul, tanh, mm (and the transpose's clone, if any)
+    torch.testing.assert_close(y.cpu(), torch.tanh(a * 1.375) @ a.T)
+    assert all(e.ran and e._compiling is None for e in compiling)
+    monkeypatch.setattr(program, "COMPILE_THREADS", 0)
+    z = torch.sinh(x[:5])
+    assert not _is_pending(z)
+    torch.testing.assert_close(z.cpu(), torch.sinh(a[:5]))
+
+
+def _failing_to_compile(monkeypatch, ops):
+    """`ops`' programs fail to compile (as XLA may refuse a program it traced)."""
+    compile = executable.Executable._compile
+
+    def failing(self, traced):
+        if self.op in ops:
+            raise RuntimeError("the compiler refused the program")
+        return compile(self, traced)
+
+    monkeypatch.setattr(executable.Executable, "_compile", failing)
+
+
+def test_a_program_failing_to_compile_ahead_falls_back_to_the_cpu_at_its_first_run(queued, monkeypatch):
+    """A queued first run whose compile fails meanwhile gets the op's results from the CPU kernel, read from and
+    written to its storages as the program would (new outputs, several outputs, in place through a view, numbers,
+    device-side checks, a factory), and the op falls back from then on, counted, as it would have at the op."""
+    aten = torch.ops.aten
+    failing = {aten.sin.default, aten.max.dim, aten.mul_.Tensor, aten.index_select.default, aten.tril_indices.default}
+    _failing_to_compile(monkeypatch, failing)
+    fallback.reset()
+    a, index = torch.randn(9, 17), torch.tensor([2, 0, 2])
+    x, i = a.to("neuron"), index.to("neuron")
+    with pytest.warns(UserWarning, match="running it on the CPU"):
+        sines = torch.sin(x)
+        values, indices = torch.max(x + 1.0, dim=1)
+        view = x[3:]
+        view.mul_(torch.tensor(2.5))
+        picked = torch.index_select(x, 0, i)
+        pairs = torch.tril_indices(4, 3, device="neuron")
+        assert all(map(_is_pending, (sines, values, indices, x, picked, pairs)))  # queued: compiling meanwhile
+        total = (sines + values[:, None] + picked.sum() + pairs.sum()).cpu()
+    expected = a.clone()
+    expected[3:] *= 2.5
+    torch.testing.assert_close(x.cpu(), expected)
+    torch.testing.assert_close(values.cpu(), (a + 1.0).max(dim=1).values)
+    assert torch.equal(indices.cpu(), (a + 1.0).max(dim=1).indices)
+    torch.testing.assert_close(picked.cpu(), expected[index])
+    assert torch.equal(pairs.cpu(), torch.tril_indices(4, 3))
+    torch.testing.assert_close(total, torch.sin(a) + (a + 1.0).max(dim=1).values[:, None] + expected[index].sum()
+                               + torch.tril_indices(4, 3).sum())
+    assert set(fallback.report()) == {str(op) for op in failing}
+    assert "the compiler refused the program" in fallback.failures[str(aten.sin.default)]
+    torch.sin(x)  # the same signature: at the op now
+    assert fallback.report()[str(aten.sin.default)] == 2
+    fallback.reset()
+
+
+def test_a_program_failing_to_compile_ahead_with_fallback_disabled_raises_at_the_read(queued, monkeypatch):
+    _failing_to_compile(monkeypatch, {torch.ops.aten.cosh.default})
+    x = torch.randn(5, 19, device="neuron")
+    with fallback.as_error(), pytest.raises(fallback.FallbackError, match="cosh"):
+        torch.cosh(x).cpu()
+    fallback.reset()
+
+
 def test_equal_numbers_are_one_input_of_the_queue(queued):
     """A foreach optimizer step gives every parameter its own copy of the step size: the queue passes each
     distinct number (by type and bits) once, and each kept device scalar once, and the results stay op by
@@ -88,7 +163,8 @@ def test_equal_numbers_are_one_input_of_the_queue(queued):
         torch._foreach_mul_(ts, [n * scale for n in numbers])
         torch._foreach_add_(ts, 1.0 / scale)
 
-    step(on_neuron, 1.0)  # runs (and compiles) op by op: queued from the next call
+    step(on_neuron, 1.0)
+    torch.neuron.synchronize()  # the numbers' first sighting: each later call's queue is its own
     step(tensors, 1.0)
     for scale in (3.0, 7.0):  # numbers new to the run, as an optimizer's bias corrections are
         step(on_neuron, scale)
@@ -192,13 +268,14 @@ def test_dead_intermediates_are_not_computed_and_limits_flush(queued, monkeypatc
     x = torch.randn(32).to("neuron")
     acc = x.clone()
     acc = acc + x
-    for _ in range(20):
+    for _ in range(30):
         acc = acc + x
     counts = queued()
-    assert counts["flushes"] >= 2  # the limit ran the queue without any read
+    # the limit ran the queue without any read: [clone, 7 adds] and [8 adds] run op by op, then [8 adds] fused twice
+    assert counts["flushes"] >= 4
     # each flush returns only the newest sum (plus the copy `acc` was cloned into, while it lived)
     assert counts["values_kept"] <= 2 * counts["flushes"] < counts["ops_fused"]
-    torch.testing.assert_close(acc.cpu(), x.cpu() * 22)
+    torch.testing.assert_close(acc.cpu(), x.cpu() * 32)
 
 
 def test_shape_errors_are_raised_at_the_op_not_at_the_flush(queued):
@@ -360,7 +437,14 @@ def test_threads_queue_apart_so_interleaved_loops_run_fused(queued):
             assert counts["ops_fused"] == 2 * (1 + 6 * 3), counts
 
 
-def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(queued):
+@pytest.fixture
+def first_runs_at_the_op(monkeypatch):
+    """No compile threads: an op's first run is not queued but runs (and compiles) at the op, as it does with
+    adaptive eager off, so that the tests of that path test it."""
+    monkeypatch.setattr(program, "COMPILE_THREADS", 0)
+
+
+def test_a_thread_reads_what_another_queued_and_donations_wait_for_every_queue(queued, first_runs_at_the_op):
     """A value another thread queued is computed for the reader (its queue runs); a read another thread queued
     before a write is of the value before it; an op run at once that donates a buffer (its first run, not
     queued) first runs each thread's queue that reads that buffer."""
@@ -482,7 +566,8 @@ def test_a_read_running_a_queue_never_undoes_another_threads_write(queued, monke
     assert raced and shared.cpu().tolist() == [3.0] * 6
 
 
-def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what_it_donates(queued, monkeypatch):
+def test_threads_meeting_at_an_ops_first_run_compile_it_once_and_never_read_what_it_donates(queued, monkeypatch,
+                                                                                             first_runs_at_the_op):
     """An op's first run (not queued) compiles, runs, and donates what it writes. A thread queueing a read of a
     tensor another thread's first run is writing waits for the write and reads its result (it had queued the
     donated buffer: "Buffer has been deleted"); two threads reaching the same first run compile it once (the
@@ -705,9 +790,9 @@ def test_a_warm_start_runs_a_step_an_earlier_process_fused_as_one_program(tmp_pa
         assert done.returncode == 0, done.stderr[-3000:]
         return [int(n) for n in done.stdout.split()]
 
-    # op by op, compiling each op (the second product, of a signature run once, queues alone), queued and
-    # replayed (a new structure), then fused, compiled and stored
-    assert run(3, "drop") == [2, 6, 0, 0]
+    # queued at once (each op compiling meanwhile) and replayed op by op (a new structure), then fused, compiled and
+    # stored, then fused again
+    assert run(3, "drop") == [1, 12, 0, 0]
     assert run(1, "drop") == [0, 6, 1, 0]
     # a queue no process fused runs op by op, its ops' five executables loaded together
     assert run(1, "keep") == [1, 0, 5, 5]

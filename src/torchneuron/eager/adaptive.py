@@ -2,7 +2,10 @@
 
 An op whose eager executable has already run once, or was compiled by an earlier
 process and found on disk (so its lowering, meta and compile are known good), is
-recorded instead of run: its outputs become `Pending` buffers of new storages,
+recorded instead of run; so is a new one, its program compiling meanwhile on a
+compile thread (Executable._compiles_ahead: the new ops between two reads compile
+side by side; one whose compile fails gets its results from the CPU at the flush,
+as it would have at the op). Its outputs become `Pending` buffers of new storages,
 and its inputs are either buffers that exist (the queue's external inputs) or
 values an earlier queued op produces. Reading a pending buffer (a transfer,
 `item()`, an op that is not queued, the CPU fallback,

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from ..ops import checks, registry, rules, shape
-from ..runtime import compilation_cache, events, layout, memory, pending_checks, rng, sync
+from ..runtime import compilation_cache, events, layout, memory, pending_checks, rng, sync, transfer
 from ..runtime.cache import eager_cache
 from ..runtime.dtypes import convert_to
 from ..runtime.platform import jax_device, platform_name
-from ..runtime.program import StorageProgram, fast_call, float32_matmul_precision, storage_views
+from ..runtime.program import StorageProgram, compile_ahead, fast_call, float32_matmul_precision, storage_views
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
 from ..runtime.transfer import device_scalars
@@ -239,6 +239,16 @@ class Executable:
 
         self.program = StorageProgram(specs, pattern, storages, written_in_place, compute,
                                       events.executable_name(op.func), traced_offsets)
+        self.cache_key = anywhere if traced_offsets else key
+        # what computing the program's results on the CPU needs (`_on_cpu`)
+        self.specs, self.pattern, self.targs, self.tkwargs = specs, pattern, targs, tkwargs
+        self.storage_dtypes = [s.dtype for s in storages]
+        # whether adaptive eager may queue it before its first run, compiling it meanwhile (`_compiles_ahead`): not
+        # where the CPU could not stand in for a failed compile there (a resized output, a view of another dtype
+        # than its storage's), nor a library lowering, whose failure its author sees at the op
+        self.may_compile_ahead = (not resized and not rule.checked_outputs
+                                  and all(spec[3] == self.storage_dtypes[p] for spec, p in zip(specs, pattern)))
+        self._compiling = None  # the Future of its compile, started ahead of its first run
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
         # the common case, one new tensor and nothing resized: built directly
@@ -257,6 +267,7 @@ class Executable:
         self._loaded = None  # its stored executable, loaded ahead of its first run (`load_stored`)
         self.loaded_from_disk = self._stored is not None
         # adaptive eager queues it once it has run, or was compiled by an earlier process: its compile is known good
+        # (before that, only while it compiles ahead: `_compiles_ahead`)
         self.known_good = self.loaded_from_disk
         if self.loaded_from_disk:
             check_errors[:], self.output_sizes = stored[1]
@@ -274,7 +285,7 @@ class Executable:
 
     def run(self, tensors, storages, scalars, generator=None):
         queue = adaptive.current()
-        if queue.enabled and self.known_good or queue.capture is not None:
+        if queue.enabled and (self.known_good or self._compiles_ahead()) or queue.capture is not None:
             return self._record(queue, tensors, storages, scalars, generator)
         if not (self.mutated_storages and queue.enabled or adaptive.threads_seen > 1):
             return self._launch(queue, tensors, storages, scalars, generator)
@@ -298,10 +309,27 @@ class Executable:
                 raise
             # the first call compiles; nothing is donated if that fails
             raise LoweringFailed(self.op, exc) from None
-        self.ran = self.known_good = True
         if results:
             sync.last[self.device_index] = results[-1]
         return self._outputs(results, tensors, storages)
+
+    def _compiles_ahead(self) -> bool:
+        """Whether adaptive eager may queue this program though it has not run yet: its compile starts now on a
+        compile thread (program.compile_ahead), beside the host's work of queueing the ops after it and the other
+        new programs' compiles, where it would otherwise run (and compile) at once, one program after another. A
+        compile failing then is found at the program's first run, where the CPU computes its results instead
+        (`_fall_back_at_first_run`), as it would have for the op."""
+        if self._compiling is None:
+            if not self.may_compile_ahead or self.compiled != self._compile_and_run:
+                return False
+            # outputs the device cannot hold are refused at the op, as its run there (or CUDA's allocator) refuses them
+            new_sizes = self.output_sizes[len(self.mutated_storages):]
+            memory.check_fits(sum(size * spec[3].itemsize for size, spec in zip(new_sizes, self.fresh_specs)),
+                              self.device_index)
+            self._compiling = compile_ahead(self._compile, self._traced)
+            if self._compiling is None:
+                return False
+        return True
 
     def _compile_and_run(self, *flat):
         """The first run compiles the program from its trace, which is then dropped (program.jit_on_device), and
@@ -315,7 +343,15 @@ class Executable:
     def _compile_and_run_first(self, *flat):
         stored, self._stored = self._stored, None
         loaded, self._loaded = self._loaded, None
-        if stored is None:
+        if self._compiling is not None:
+            try:
+                compiled = self._compiling.result()
+                results = compiled(*flat)
+            except Exception as exc:
+                return self._fall_back_at_first_run(exc, flat)
+            finally:
+                self._compiling = self._traced = None
+        elif stored is None:
             compiled = self._compile(self._traced)
             del self._traced
             results = compiled(*flat)
@@ -326,6 +362,48 @@ class Executable:
             loaded = loaded or compilation_cache.deserialized(stored, jax_device(self.device_index))
             compiled, results = compilation_cache.run_first(self._path, loaded, flat, compile_afresh)
         self.compiled = fast_call(compiled)
+        self.ran = self.known_good = True
+        return results
+
+    def _fall_back_at_first_run(self, exc, flat):
+        """A program queued before its first run (`_compiles_ahead`) whose compile or first run failed: its results
+        from the CPU, and the op falls back from now on, as it would have at the op."""
+        memory.raise_if_exhausted(exc, self.device_index)
+        if self._is_final(exc) or any(isinstance(a, jax.Array) and a.is_deleted() for a in flat):
+            raise exc
+        fallback.note_failure(self.op, exc)
+        eager_cache.put(self.cache_key, fallback.run_on_cpu)
+        self.compiled = self._on_cpu
+        return self._on_cpu(*flat)
+
+    def _on_cpu(self, *flat):
+        """The program's results (written storages' buffers, new outputs' buffers, passing checks) computed by the
+        op's CPU kernel, from its arguments as the program takes them: buffers, then numbers (views' offsets, if it
+        takes them, and scalars), then a random op's key, which the CPU's generator stands in for."""
+        fallback.announce(self.op, stacklevel=2)
+        n_buffers, n_specs = len(self.argument_storages), len(self.specs)
+        hosts = {p: transfer.device_to_host(buffer, self.storage_dtypes[p])
+                 for p, buffer in zip(self.argument_storages, flat[:n_buffers])}
+        numbers = [n.item() if isinstance(n, jax.Array) else n for n in flat[n_buffers : len(flat) - self.random]]
+        offsets = numbers[:n_specs] if self.traced_offsets else [spec[2] for spec in self.specs]
+        scalars = numbers[n_specs:] if self.traced_offsets else numbers
+        tensors = [hosts[p].as_strided(spec[0], spec[1], offset)
+                   for spec, p, offset in zip(self.specs, self.pattern, offsets)]
+        kwargs = {k: fill(v, tensors, scalars) for k, v in self.tkwargs}
+        if "device" in kwargs:
+            kwargs["device"] = "cpu"
+        out = self.op(*fill(self.targs, tensors, scalars), **kwargs)
+        device_index = self.device_index
+        results = [transfer.host_to_device(hosts[p], device_index) for p in self.mutated_storages]
+        sizes = self.output_sizes[len(results):]
+        for value, spec, size in zip(_fresh_outputs(self.plan, out), self.fresh_specs, sizes):
+            laid_out = torch.zeros(size, dtype=spec[3])
+            laid_out.as_strided(*spec[:3]).copy_(value)
+            results.append(transfer.host_to_device(laid_out, device_index))
+        # the CPU kernel raised its own error for bad values: every check passes
+        for size in sizes[len(self.fresh_specs):]:
+            passed = np.ones((), bool) if size == 1 else np.eye(1, size, dtype=np.int64)[0]
+            results.append(jax.device_put(passed, jax_device(device_index)))
         return results
 
     @staticmethod
@@ -451,6 +529,16 @@ def _output_plan(meta_out, by_identity, fresh):
     if isinstance(meta_out, (tuple, list)):
         return (type(meta_out), [_output_plan(m, by_identity, fresh) for m in meta_out])
     return ("const", meta_out)
+
+
+def _fresh_outputs(plan, out) -> list:
+    """The new tensors among an op's outputs `out`, in the order `_output_plan` numbered them."""
+    kind, value = plan
+    if kind == "new":
+        return [out]
+    if kind in ("arg", "const"):
+        return []
+    return [t for p, o in zip(value, out) for t in _fresh_outputs(p, o)]
 
 
 def _build_output(plan, tensors, fresh):

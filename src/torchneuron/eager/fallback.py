@@ -43,7 +43,8 @@ class FallbackError(NotImplementedError):
     pass
 
 
-def run_on_cpu(func, args, kwargs):
+def announce(func, stacklevel: int) -> None:
+    """`func` is about to run on the CPU: counted and reported (warned once), or refused (TORCHNEURON_FALLBACK=error)."""
     name = str(func)
     if strict():
         cause = f" (its lowering failed: {failures[name]})" if name in failures else ""
@@ -56,9 +57,14 @@ def run_on_cpu(func, args, kwargs):
         events.fallback(func)
     if name not in _warned:
         _warned.add(name)
-        # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
         warnings.warn(f"torchneuron: {name} is not lowered for neuron yet; running it on the CPU",
-                      stacklevel=5 if events.listening else 3)
+                      stacklevel=stacklevel + 1)
+
+
+def run_on_cpu(func, args, kwargs):
+    name = str(func)
+    # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
+    announce(func, stacklevel=5 if events.listening else 3)
     device = None
     copies = {}
 

@@ -6,6 +6,10 @@ the new values of the inputs the computation mutates back through their views, a
 storages' new buffers (the old ones are donated) followed by the computation's own results. Only the
 computation differs (an op's lowering, a graph), so it is the one thing a caller gives.
 """
+import concurrent.futures
+import os
+import threading
+
 import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
@@ -134,6 +138,33 @@ def _own_function(function):
 def compile_on_device(function, device_index: int, args):
     """`function` compiled for `args` (arrays, numbers) on one device, keeping nothing of its trace."""
     return jit_on_device(function, device_index).trace(*args).lower().compile()
+
+
+# threads compiling new ops' programs ahead of their first run (TORCHNEURON_COMPILE_THREADS; 0: none, each program is
+# compiled at its first run): XLA compiles outside the GIL, so programs compile side by side and beside the host's work
+COMPILE_THREADS = int(os.environ.get("TORCHNEURON_COMPILE_THREADS", min(os.cpu_count() or 1, 8)))
+_compile_pool = None
+_compile_pool_lock = threading.Lock()
+
+
+def compile_ahead(compile, *args):
+    """`compile(*args)` started on a compile thread: its Future, or None where there are no compile threads."""
+    global _compile_pool
+    if not COMPILE_THREADS:
+        return None
+    with _compile_pool_lock:
+        if _compile_pool is None:
+            _compile_pool = concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS, "torchneuron-compile")
+        return _compile_pool.submit(compile, *args)
+
+
+def _forget_compile_pool() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own when it first needs one."""
+    global _compile_pool, _compile_pool_lock
+    _compile_pool, _compile_pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_compile_pool)
 
 
 def fast_call(compiled):
