@@ -772,6 +772,31 @@ print(stats["first_sightings"], stats["ops_fused"], len(loads), sum(together))
 """
 
 
+AT_EXIT = """
+import atexit, torch
+
+def late():
+    x = torch.randn(3, 23, device="neuron")
+    y = torch.cosh(x * 2.5)
+    print("matches the CPU:", torch.allclose(y.cpu(), torch.cosh(x.cpu() * 2.5)))
+
+atexit.register(late)
+"""
+
+
+def test_ops_run_while_the_interpreter_shuts_down_compile_and_load_without_threads(tmp_path):
+    """An atexit hook's ops: no thread can be started then, so a new program compiles at its first run (cold) and
+    stored ones load one by one (warm), where both raised "cannot schedule new futures after interpreter shutdown"."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(tmp_path)}
+    for start in ("cold", "warm"):
+        done = subprocess.run([sys.executable, "-c", AT_EXIT], env=env, capture_output=True, text=True, timeout=300)
+        assert "matches the CPU: True" in done.stdout, (start, done.stderr[-3000:])
+
+
 def test_a_warm_start_runs_a_step_an_earlier_process_fused_as_one_program(tmp_path):
     """A process that finds an earlier one's programs on disk queues every stored op at its first call, and a
     queue whose fused program is stored runs it at its first sighting, loading no op's own executable: a warm

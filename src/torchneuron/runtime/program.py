@@ -148,14 +148,18 @@ _compile_pool_lock = threading.Lock()
 
 
 def compile_ahead(compile, *args):
-    """`compile(*args)` started on a compile thread: its Future, or None where there are no compile threads."""
+    """`compile(*args)` started on a compile thread: its Future, or None where there are no compile threads (or no
+    longer: an op run while the interpreter shuts down, from an atexit hook, compiles at its first run)."""
     global _compile_pool
     if not COMPILE_THREADS:
         return None
     with _compile_pool_lock:
         if _compile_pool is None:
             _compile_pool = concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS, "torchneuron-compile")
-        return _compile_pool.submit(compile, *args)
+        try:
+            return _compile_pool.submit(compile, *args)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            return None
 
 
 def _forget_compile_pool() -> None:
