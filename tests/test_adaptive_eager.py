@@ -10,8 +10,7 @@ import torch
 import torch.nn as nn
 from jax.extend import core as jax_core
 
-from torchneuron.eager import adaptive, fallback
-from torchneuron.eager import executable
+from torchneuron.eager import adaptive, executable, fallback
 from torchneuron.runtime import pending_checks, program
 from torchneuron.runtime.storage import Pending, Storage
 
