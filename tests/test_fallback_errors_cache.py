@@ -4,8 +4,12 @@ import sys
 import warnings
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.fx.experimental import proxy_tensor
 
 import torchneuron
 from torchneuron.eager import fallback
@@ -121,6 +125,22 @@ def test_an_op_is_looked_up_in_pytorchs_decompositions_without_building_their_wh
     monkeypatch.setattr(rules, "_DECOMPOSED", {})
     assert rules.lowering_for(aten._local_scalar_dense.default) is None
     assert rules.lowering_for(aten.linear.default) is not None
+
+
+def test_a_decompositions_graph_is_traced_once_per_signature(monkeypatch):
+    """A lowering made from PyTorch's decomposition runs make_fx once per signature (the arrays' shapes and dtypes,
+    the other arguments' values), however often it is traced: adaptive eager traces each queued op's program again
+    in its fused program. A float constant is told apart by its bits."""
+    traces = []
+    make_fx = proxy_tensor.make_fx
+    monkeypatch.setattr(proxy_tensor, "make_fx", lambda *args, **kwargs: traces.append(1) or make_fx(*args, **kwargs))
+    monkeypatch.setattr(rules, "_GRAPHS", {})
+    lowering = rules.lowering_for(aten.hardshrink.default)
+    x = torch.linspace(-1, 1, 9)
+    for values, lambd in ((x, 0.5), (x, 0.25), (x, 0.5), (x, -0.0), (x, 0.0), (x[:5], 0.5), (x[:5], 0.5)):
+        got = lowering(jnp.asarray(values.numpy()), lambd)
+        torch.testing.assert_close(torch.from_numpy(np.asarray(got)), F.hardshrink(values, lambd))
+    assert len(traces) == 5
 
 
 def test_fallback_inplace_writes_back(unlowered_op):

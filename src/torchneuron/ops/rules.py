@@ -140,20 +140,10 @@ def _example(value):
 
 def _decomposed(op, decomposition):
     def run(key, args, kwargs):
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
         is_array = [isinstance(v, (jax.Array, jax.core.Tracer)) for v in flat]
-        examples = [_example(v) for v, a in zip(flat, is_array) if a]
-
-        def traced(*tensors):
-            feed = iter(tensors)
-            filled = [next(feed) if a else v for v, a in zip(flat, is_array)]
-            call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
-            return decomposition(*call_args, **call_kwargs)
-
-        gm = make_fx(traced, decomposition_table=_decomposition_table(), tracing_mode="fake")(*examples)
-        return run_graph(gm, [v for v, a in zip(flat, is_array) if a], key=key)
+        return run_graph(_decomposition_graph(decomposition, flat, spec, is_array),
+                         [v for v, a in zip(flat, is_array) if a], key=key)
 
     if registry.is_random(op):
         def lowering(key, *args, **kwargs):
@@ -163,6 +153,46 @@ def _decomposed(op, decomposition):
             return run(None, args, kwargs)
 
     return lowering
+
+
+_GRAPHS = {}  # a decomposition and its arguments' signature -> its graph
+_GRAPHS_KEPT = 1024
+
+
+def _decomposition_graph(decomposition, flat, spec, is_array) -> torch.fx.GraphModule:
+    """`decomposition` traced by make_fx for these arguments (the arrays' shapes and dtypes, the other values):
+    once per signature, as adaptive eager traces each queued op's program again in its fused program."""
+    signature = (decomposition, spec, torch.get_default_dtype(),
+                 tuple((v.shape, v.dtype) if a else _constant_key(v) for v, a in zip(flat, is_array)))
+    try:
+        gm = _GRAPHS.get(signature)
+    except TypeError:  # an argument that is no plain value (a tensor, held by the graph as it is): traced each time
+        signature = gm = None
+    if gm is None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        examples = [_example(v) for v, a in zip(flat, is_array) if a]
+
+        def traced(*tensors):
+            feed = iter(tensors)
+            filled = [next(feed) if a else v for v, a in zip(flat, is_array)]
+            call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
+            return decomposition(*call_args, **call_kwargs)
+
+        gm = make_fx(traced, decomposition_table=_decomposition_table(), tracing_mode="fake")(*examples)
+        if signature is not None:
+            if len(_GRAPHS) >= _GRAPHS_KEPT:
+                _GRAPHS.clear()
+            _GRAPHS[signature] = gm
+    return gm
+
+
+def _constant_key(value):
+    """A value baked into a traced graph, as a key: a float by its bits (-0.0 is not 0.0, and nan is nan); a tensor
+    is refused (TypeError), as it may change after the graph took it."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError("a tensor is no constant")
+    return (float, value.hex()) if type(value) is float else (type(value), value)
 
 
 def decomposed(op):
@@ -179,6 +209,7 @@ _DECOMPOSED = {}
 def forget_decompositions() -> None:
     """After the lowering table changed: decompositions are used only for ops it lacks."""
     _DECOMPOSED.clear()
+    _GRAPHS.clear()
     _decomposition_table.cache_clear()
 
 
