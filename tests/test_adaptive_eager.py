@@ -57,7 +57,7 @@ def test_training_loop_matches_op_by_op_and_replays_one_fused_program(queued):
     for p, e in zip(params, expected_params):
         torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
     # each step ends at loss.item(); steps after the first queue the whole step, the second runs its queues
-    # op by op (new structures) and the later four run them fused
+    # op by op (new structures), the third again while their fused programs compile, the last three fused
     assert counts["flushes"] >= 5 and counts["ops_fused"] >= 4 * 20 and counts["replays"] == 0
     assert counts["first_sightings"] >= 1
     assert adaptive.fused_cache.stats()["hits"] - hits_before >= 3
@@ -267,14 +267,15 @@ def test_dead_intermediates_are_not_computed_and_limits_flush(queued, monkeypatc
     x = torch.randn(32).to("neuron")
     acc = x.clone()
     acc = acc + x
-    for _ in range(30):
+    for _ in range(46):
         acc = acc + x
     counts = queued()
-    # the limit ran the queue without any read: [clone, 7 adds] and [8 adds] run op by op, then [8 adds] fused twice
-    assert counts["flushes"] >= 4
+    # the limit ran the queue without any read: [clone, 7 adds] and [8 adds] run op by op, the next [8 adds] op by op
+    # again while its fused program compiles, then [8 adds] fused three times
+    assert counts["flushes"] >= 6
     # each flush returns only the newest sum (plus the copy `acc` was cloned into, while it lived)
     assert counts["values_kept"] <= 2 * counts["flushes"] < counts["ops_fused"]
-    torch.testing.assert_close(acc.cpu(), x.cpu() * 32)
+    torch.testing.assert_close(acc.cpu(), x.cpu() * 48)
 
 
 def test_shape_errors_are_raised_at_the_op_not_at_the_flush(queued):
@@ -668,7 +669,7 @@ def test_a_failing_fused_program_is_replayed_op_by_op(queued, monkeypatch):
 
     monkeypatch.setattr(adaptive, "_fused_program", unusable)
     x = torch.randn(6).to("neuron")
-    for _ in range(3):  # the third iteration's queue is the second of its structure: it is compiled
+    for _ in range(3):  # the third iteration's queue is the second of its structure: it is traced
         y = x * 3.0
         y.add_(1.0)
         z = y.sum()
@@ -747,6 +748,43 @@ def test_the_step_boundary_hook_becomes_traceable_once_dynamo_is_loaded(monkeypa
         boundaries.remove()
 
 
+def test_a_fused_program_compiles_ahead_and_runs_from_the_third_sighting(queued):
+    """At a structure's second sighting its fused program starts compiling on a compile thread and the ops run one
+    by one once more; the third sighting runs it fused, whatever the compile's timing."""
+    x = torch.randn(7).to("neuron")
+    fused = []
+    for _ in range(4):
+        y = (x * 1.5 - 0.5).tanh()
+        torch.neuron.synchronize()
+        fused.append(queued()["ops_fused"])
+    assert fused == [0, 0, 3, 6]
+    # the third run put the compiled program in the place of its compile
+    assert not any(type(entry) is adaptive._CompilingAhead for entry in adaptive.fused_cache.entries.values())
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 1.5 - 0.5).tanh())
+
+
+def test_a_fused_program_whose_compile_ahead_fails_runs_op_by_op(queued, monkeypatch):
+    """A compile failing on the compile thread is found at the third sighting, which runs the ops one by one, as
+    every later sighting does without compiling it again."""
+    compiles = []
+
+    def failing(*args):
+        raise RuntimeError("XLA cannot compile this fused program")
+
+    def compile_failing_ahead(*args):
+        compiles.append(args)
+        return program.compile_ahead(failing)
+
+    monkeypatch.setattr(adaptive, "compile_ahead", compile_failing_ahead)
+    x = torch.randn(5).to("neuron")
+    for _ in range(5):
+        y = x.exp() * 2.0 + 1.0
+        torch.neuron.synchronize()
+    torch.testing.assert_close(y.cpu(), x.cpu().exp() * 2.0 + 1.0)
+    counts = queued()
+    assert counts["ops_fused"] == 0 and counts["replays"] == 3 and len(compiles) == 1
+
+
 WARM_START = """
 import sys, torch
 from torchneuron.eager import adaptive
@@ -814,9 +852,9 @@ def test_a_warm_start_runs_a_step_an_earlier_process_fused_as_one_program(tmp_pa
         assert done.returncode == 0, done.stderr[-3000:]
         return [int(n) for n in done.stdout.split()]
 
-    # queued at once (each op compiling meanwhile) and replayed op by op (a new structure), then fused, compiled and
-    # stored, then fused again
-    assert run(3, "drop") == [1, 12, 0, 0]
+    # queued at once (each op compiling meanwhile) and replayed op by op (a new structure), then op by op again while
+    # its fused program compiles and is stored, then fused
+    assert run(3, "drop") == [1, 6, 0, 0]
     assert run(1, "drop") == [0, 6, 1, 0]
     # a queue no process fused runs op by op, its ops' five executables loaded together
     assert run(1, "keep") == [1, 0, 5, 5]

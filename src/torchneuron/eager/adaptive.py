@@ -14,9 +14,10 @@ backward starting or ending, an optimizer step, the queue starting over) or the
 queue reaching its limit runs the queue. Each thread records a queue of its own. The
 first time a queue's structure is seen its ops run one by one through their
 compiled executables; when the same structure comes round again (the next
-iteration of a loop) the queued programs are traced into one function,
-compiled once and cached by that structure, so later iterations run one fused
-executable each. A structure whose fused executable an earlier process stored
+iteration of a loop) the queued programs are traced into one function, which
+compiles on a compile thread while the ops run one by one once more, and from
+the third sighting on the structure runs as that one fused executable. A
+structure whose fused executable an earlier process stored
 runs it at once: a warm start's first step loads a few programs, not each
 op's. Only values some live storage still holds are returned; XLA drops the
 rest. Op order, random numbers and errors are those of op-by-op eager (each op
@@ -48,7 +49,7 @@ from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
-from ..runtime.program import OverMesh, compile_on_device, fast_call
+from ..runtime.program import OverMesh, compile_ahead, compile_on_device, fast_call, jit_on_device
 from ..runtime.storage import Pending, buffers_lock, live_storages
 from ..runtime.transfer import device_scalars, scalar_key
 
@@ -175,6 +176,34 @@ class Queue:
         _sighted[key] = None
         return True
 
+    def _fused_run(self, key, ops, n_values, external_values, kept, externals, device_index):
+        """How this flush runs the queue as one program (None: op by op, through the ops' own executables), and
+        whether that compiles it.
+
+        A structure seen once may never come back (a test, a loop whose shapes change each iteration): its ops
+        run one by one. At its second sighting its fused program is traced and starts compiling on a compile
+        thread while the ops run one by one once more; from the third on it runs fused, its first run waiting
+        for the compile if need be. Which sighting runs fused never depends on a thread's timing, so neither do
+        a loop's results (fused arithmetic may differ in the last bits). A structure an earlier process stored
+        runs fused at once, loaded from disk; without compile threads (TORCHNEURON_COMPILE_THREADS=0) the
+        second sighting compiles and runs it."""
+        fused = fused_cache.get(key)
+        if type(fused) is _CompilingAhead:
+            return fused.run_first, True
+        if fused is not None:
+            return fused, False
+        path = _disk_path(ops, external_values, kept, externals, device_index)
+        if not compilation_cache.stored(path):
+            if self._first_sighting(key):
+                _counts["first_sightings"] += 1
+                return None, False
+            program = _fused_program(ops, n_values, external_values, kept)
+            ahead = _CompilingAhead.start(key, program, device_index, externals, path)
+            if ahead is not None:
+                fused_cache.put(key, ahead)
+                return None, False
+        return functools.partial(_compile_and_run, key, ops, n_values, external_values, kept, device_index, path), True
+
     def _new_input(self, key, value) -> int:
         """The value number of `value`, which exists and is no input yet; `record` looks the inputs up itself (a
         method call per argument is a measurable part of queueing an op). One input however many ops read it:
@@ -206,24 +235,17 @@ class Queue:
             self._reset()
             _counts["flushes"] += 1
             _counts["values_kept"] += len(live)
-            fused = fused_cache.get(key)
-            path = None if fused is not None else _disk_path(ops, external_values, kept, externals, device_index)
-            if fused is None and not compilation_cache.stored(path) and self._first_sighting(key):
-                # a structure seen once may never come back (a test, a loop whose shapes change each
-                # iteration): its ops run through their compiled executables, and only a structure
-                # that recurs, or that an earlier process compiled, is run fused
-                _counts["first_sightings"] += 1
-                results = _replay(ops, n_values, external_values, externals, kept, device_index)
-            else:
-                run = fused if fused is not None else functools.partial(
-                    _compile_and_run, key, ops, n_values, external_values, kept, device_index, path)
-                try:
-                    results = (events.flush(run, externals, len(ops), device_index, fused is None)
-                               if events.listening else run(*externals))
+            results = None
+            try:
+                run, compiles = self._fused_run(key, ops, n_values, external_values, kept, externals, device_index)
+                if run is not None:
+                    results = (events.flush(run, externals, len(ops), device_index, compiles) if events.listening
+                               else run(*externals))
                     _counts["ops_fused"] += len(ops)
-                except Exception:
-                    _counts["replays"] += 1
-                    results = _replay(ops, n_values, external_values, externals, kept, device_index)
+            except Exception:
+                _counts["replays"] += 1
+            if results is None:
+                results = _replay(ops, n_values, external_values, externals, kept, device_index)
             for pending, array in zip(live, results):
                 pending.array = array
             if results:
@@ -258,6 +280,31 @@ def _compile_and_run(key, ops, n_values, external_values, kept, device_index, pa
                                             externals, path)
     fused_cache.put(key, fused)
     return results
+
+
+class _CompilingAhead:
+    """A queue structure's fused program, compiling on a compile thread since its second sighting: the cache's entry
+    for it until its first run (at the third sighting) puts the compiled program there."""
+
+    @classmethod
+    def start(cls, key, program, device_index: int, externals, path):
+        """Traced here, lowered and compiled on a compile thread; None where there is none (program.compile_ahead).
+        Not traced there: the ops' lowerings may run PyTorch's tracing (make_fx, for decompositions), whose state
+        is the process's, not the thread's."""
+        traced = jit_on_device(program, device_index).trace(*externals)
+        compiling = compile_ahead(compilation_cache.compile_and_store, path, lambda: traced.lower().compile())
+        return compiling and cls(key, compiling)
+
+    def __init__(self, key, compiling):
+        self.key, self.compiling = key, compiling
+
+    def run_first(self, *externals):
+        """Its first run, waiting for the compile; a compile that failed raises here each time, and the queue runs
+        op by op."""
+        compiled = self.compiling.result()
+        results = compiled(*externals)
+        fused_cache.replace(self.key, fast_call(compiled))
+        return results
 
 
 def _disk_path(ops, external_values, kept, externals, device_index: int):

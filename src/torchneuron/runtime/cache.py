@@ -30,6 +30,11 @@ class ExecutableCache:
         self.entries[key] = entry
         _count_new_program()
 
+    def replace(self, key, entry) -> None:
+        """`entry` in the place of `key`'s, which stood in for it while it was made (if the cache still holds it)."""
+        if key in self.entries:
+            self.entries[key] = entry
+
     def clear(self) -> None:
         self.entries.clear()
 
