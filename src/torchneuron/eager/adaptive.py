@@ -49,7 +49,8 @@ from ..runtime import compilation_cache, events, pending_checks, rng, sync
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import to_jax
 from ..runtime.platform import jax_device, platform_name
-from ..runtime.program import OverMesh, compile_ahead, compile_on_device, fast_call, jit_on_device
+from ..runtime.program import (OverMesh, compile_ahead, compile_on_device, compiles_ahead, fast_call,
+                               jit_on_device)
 from ..runtime.storage import Pending, buffers_lock, live_storages
 from ..runtime.transfer import device_scalars, scalar_key
 
@@ -291,6 +292,8 @@ class _CompilingAhead:
         """Traced here, lowered and compiled on a compile thread; None where there is none (program.compile_ahead).
         Not traced there: the ops' lowerings may run PyTorch's tracing (make_fx, for decompositions), whose state
         is the process's, not the thread's."""
+        if not compiles_ahead():
+            return None
         traced = jit_on_device(program, device_index).trace(*externals)
         compiling = compile_ahead(compilation_cache.compile_and_store, path, lambda: traced.lower().compile())
         return compiling and cls(key, compiling)

@@ -13,9 +13,9 @@ and may set `wants_device_time`: executables are then waited for, in a nested "e
 Kinds: "op" (one ATen call on neuron tensors, name the OpOverload), "compile" (an executable's first
 run: trace and XLA compile), "launch" (a cached executable's run), "execute" (waiting for the device
 to finish it: only where a listener sets `wants_device_time`), "graph_compile", "transfer",
-"fallback", "flush" (adaptive eager's run of its queue: fused, or op by op for a new structure), "graph_replay" (a
-captured graph's replay, torch.neuron.graph), "signature" (a new executable for an op or graph,
-details["key"] its signature), "alloc" and "free" (name: the Storage).
+"fallback", "flush" (adaptive eager's run of its queue: fused, or op by op for a new structure or one whose
+fused program compiles), "graph_replay" (a captured graph's replay, torch.neuron.graph), "signature" (a new
+executable for an op or graph, details["key"] its signature), "alloc" and "free" (name: the Storage).
 """
 import jax
 

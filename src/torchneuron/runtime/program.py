@@ -147,6 +147,11 @@ _compile_pool = None
 _compile_pool_lock = threading.Lock()
 
 
+def compiles_ahead() -> bool:
+    """Whether there are compile threads: what is to be compiled on one may be prepared for it."""
+    return COMPILE_THREADS > 0
+
+
 def compile_ahead(compile, *args):
     """`compile(*args)` started on a compile thread: its Future, or None where there are no compile threads (or no
     longer: an op run while the interpreter shuts down, from an atexit hook, compiles at its first run)."""
