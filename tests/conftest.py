@@ -68,8 +68,11 @@ def assert_same(neuron_tensor, cpu_tensor, **tolerances):
 @contextlib.contextmanager
 def jax_compile_events():
     """The JAX lowerings and XLA compiles (their event names) made inside the block; a persistent-cache hit
-    still lowers, so a block that builds no new program records nothing."""
+    still lowers, so a block that builds no new program records nothing. Compiles started ahead on compile threads
+    count where they were started: those of earlier code finish before the block, the block's own inside it."""
     import jax
+
+    from torchneuron.runtime.program import wait_for_compiles
 
     names = []
 
@@ -77,9 +80,11 @@ def jax_compile_events():
         if name in ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration"):
             names.append(name)
 
+    wait_for_compiles()
     jax.monitoring.register_event_duration_secs_listener(record)
     try:
         yield names
+        wait_for_compiles()
     finally:
         jax.monitoring.unregister_event_duration_listener(record)
 

@@ -375,8 +375,9 @@ def test_streams_and_events():
         y.record_stream(s)
     torch.neuron.current_stream().wait_stream(s)
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
-    start.record()
+    # from before the record: the thread may wait for the GIL (a compile thread lowering) after the event's time
     began = time.perf_counter()
+    start.record()
     for _ in range(8):
         y = y @ x / 512
     end.record()
