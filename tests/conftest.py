@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import torchneuron  # noqa: F401  (also autoloaded by `import torch`; importing keeps tests explicit)
+from torchneuron.runtime.program import wait_for_compiles  # noqa: E402
 
 # "file::test[param]" -> why it cannot pass yet (strict: an unexpected pass is reported)
 EXPECTED_FAILURES = {}
@@ -54,6 +55,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=why))
 
 
+@pytest.fixture(autouse=True)
+def _compiles_end_with_their_test():
+    """A test's compiles started ahead (a queue seen twice compiles its fused program on a compile thread) finish
+    before the next test starts: tests that count page faults, memory or compiles, or time, see their own work."""
+    yield
+    wait_for_compiles()
+
+
 @pytest.fixture
 def neuron():
     return torch.device("neuron")
@@ -71,8 +80,6 @@ def jax_compile_events():
     still lowers, so a block that builds no new program records nothing. Compiles started ahead on compile threads
     count where they were started: those of earlier code finish before the block, the block's own inside it."""
     import jax
-
-    from torchneuron.runtime.program import wait_for_compiles
 
     names = []
 

@@ -263,7 +263,7 @@ def test_empty_cache_keeps_executables_and_clear_executable_cache_drops_them():
 # the same after torch.neuron.empty_cache()
 _FREED_HOST_MEMORY_REUSED = """
 import ctypes, resource, torch
-torch.ones(1, device="neuron")  # the first device use
+torch.ones(1, device="neuron").cpu()  # the first device use, run (not compiling on a compile thread meanwhile)
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 def faults_of_a_run():
