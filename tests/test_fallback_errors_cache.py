@@ -141,6 +141,10 @@ def test_a_decompositions_graph_is_traced_once_per_signature(monkeypatch):
         got = lowering(jnp.asarray(values.numpy()), lambd)
         torch.testing.assert_close(torch.from_numpy(np.asarray(got)), F.hardshrink(values, lambd))
     assert len(traces) == 5
+    # a setting decompositions read (max_pool2d_with_indices_backward's declines in deterministic mode)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    lowering(jnp.asarray(x.numpy()), 0.5)
+    assert len(traces) == 6
 
 
 def test_fallback_inplace_writes_back(unlowered_op):

@@ -161,8 +161,9 @@ _GRAPHS_KEPT = 1024
 
 def _decomposition_graph(decomposition, flat, spec, is_array) -> torch.fx.GraphModule:
     """`decomposition` traced by make_fx for these arguments (the arrays' shapes and dtypes, the other values):
-    once per signature, as adaptive eager traces each queued op's program again in its fused program."""
-    signature = (decomposition, spec, torch.get_default_dtype(),
+    once per signature, as adaptive eager traces each queued op's program again in its fused program. The settings
+    decompositions read (the default dtype, deterministic algorithms) are part of the signature."""
+    signature = (decomposition, spec, torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
                  tuple((v.shape, v.dtype) if a else _constant_key(v) for v, a in zip(flat, is_array)))
     try:
         gm = _GRAPHS.get(signature)
