@@ -8,8 +8,6 @@ import time
 
 import torch
 
-from torchneuron.runtime.program import wait_for_compiles
-
 
 def sync(device: str) -> None:
     kind = torch.device(device).type
@@ -29,7 +27,10 @@ def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2, wait=
     finish(result)
     if torch.device(device).type == "neuron":
         # adaptive eager runs a recurring queue fused from its third sighting, its program compiled ahead on a
-        # compile thread from the second: no compile runs beside the timed calls
+        # compile thread from the second: no compile runs beside the timed calls. Imported here: a process timing
+        # without torchneuron (bench.dispatch_floor's plain tensor) must not load it
+        from torchneuron.runtime.program import wait_for_compiles
+
         wait_for_compiles()
     samples = []
     for _ in range(repeats):
