@@ -58,7 +58,7 @@ def test_training_loop_matches_op_by_op_and_replays_one_fused_program(queued):
         torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
     # each step ends at loss.item(); steps after the first queue the whole step, the second runs its queues
     # op by op (new structures), the third again while their fused programs compile, the last three fused
-    assert counts["flushes"] >= 5 and counts["ops_fused"] >= 4 * 20 and counts["replays"] == 0
+    assert counts["flushes"] >= 5 and counts["ops_fused"] >= 3 * 20 and counts["replays"] == 0
     assert counts["first_sightings"] >= 1
     assert adaptive.fused_cache.stats()["hits"] - hits_before >= 3
 
@@ -748,10 +748,16 @@ def test_the_step_boundary_hook_becomes_traceable_once_dynamo_is_loaded(monkeypa
         boundaries.remove()
 
 
-def test_a_fused_program_compiles_ahead_and_runs_from_the_third_sighting(queued):
+# sizes apart: a fused program is stored on disk, where the next structure like it would find it at its first sighting
+@pytest.mark.parametrize("compile_delay, size", [(0.0, 7), (0.3, 9)])
+def test_a_fused_program_compiles_ahead_and_runs_from_the_third_sighting(queued, monkeypatch, compile_delay, size):
     """At a structure's second sighting its fused program starts compiling on a compile thread and the ops run one
-    by one once more; the third sighting runs it fused, whatever the compile's timing."""
-    x = torch.randn(7).to("neuron")
+    by one once more; the third sighting runs it fused, whatever the compile's timing (a slow one is waited for)."""
+    def compile_late(compile, *args):
+        return program.compile_ahead(lambda: time.sleep(compile_delay) or compile(*args))
+
+    monkeypatch.setattr(adaptive, "compile_ahead", compile_late)
+    x = torch.randn(size).to("neuron")
     fused = []
     for _ in range(4):
         y = (x * 1.5 - 0.5).tanh()
