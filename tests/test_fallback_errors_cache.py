@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.fx.experimental import proxy_tensor
 
 import torchneuron
-from torchneuron.eager import fallback
+from torchneuron.eager import executable, fallback
 from torchneuron.ops import registry, rules
 from torchneuron.runtime.program import StorageProgram
 
@@ -242,6 +242,37 @@ def test_eager_programs_found_on_disk_are_neither_traced_nor_lowered(own_disk_ca
     with pytest.raises(IndexError):
         x.to("neuron")[0][index.to("neuron")].cpu()
     assert _op_programs_on_disk(own_disk_cache) == stored
+
+
+def test_a_stored_program_keeps_its_outputs_plan_so_its_meta_kernel_runs_no_more(own_disk_cache, monkeypatch):
+    """An op program on disk carries its outputs' plan (several outputs, one written in place, an out= resized), so
+    a later process builds its outputs without PyTorch's meta kernel and argument checks; but for a signature
+    taking a number, whose checks may read its value (a fill value out of its dtype's range), which asks again."""
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+
+    def ops(a, b):
+        values, indices = a.max(dim=1)
+        product = a.clone()
+        product.mul_(b)
+        total = torch.empty(0, device=a.device)
+        torch.add(a, b, out=total)
+        return values, indices, product, total, a * 2.5
+
+    expected = ops(x, y)
+    for got, want in zip(ops(x.to("neuron"), y.to("neuron")), expected):
+        torch.testing.assert_close(got.cpu(), want)
+    torch.neuron.clear_executable_cache()
+    asked = []
+    outputs_from_meta = executable.Executable._outputs_from_meta
+
+    def asking(self, op, *args):
+        asked.append(op.func)
+        return outputs_from_meta(self, op, *args)
+
+    monkeypatch.setattr(executable.Executable, "_outputs_from_meta", asking)
+    for got, want in zip(ops(x.to("neuron"), y.to("neuron")), expected):
+        torch.testing.assert_close(got.cpu(), want)
+    assert asked == [aten.mul.Tensor]
 
 
 def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored(own_disk_cache):

@@ -7,6 +7,7 @@ buffers it donates (runtime/program.py). PyTorch's meta kernels give the output 
 input, PyTorch's own errors before anything is compiled.
 """
 import math
+import pickle
 import threading
 import warnings
 
@@ -171,54 +172,32 @@ class Executable:
         _check_same_device(tensors)
         self.device_index = tensors[0]._spec[4] if tensors else _factory_device_index(tkwargs)
         specs = [t._spec for t in tensors]
-        bases = {}
-        meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
-        before = [_meta_spec(m) for m in meta_tensors]
-        meta_args = fill(targs, meta_tensors, scalars)
-        meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
         rule = op.rule
-        cpu_dtypes.check(rule.op, meta_args, meta_kwargs)
-        if op.drop_kwargs:
-            out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
-        argument_check = registry.argument_check(rule.op)
-        if argument_check is not None:
-            # the CPU's errors as written out for the op, before the CPU asked on zeros below (which may fail on
-            # the zeros' values first: segment lengths that do not add up)
-            argument_check(*meta_args, **meta_kwargs)
-        try:
-            meta_out = rule.meta(*meta_args, **meta_kwargs)
-        except Exception as error:
-            # a meta kernel written in Python (torch._refs) may reject bad input with another error than the
-            # CPU kernel's: the user gets the CPU's
-            cpu_error = fallback.cpu_error(rule.op, meta_args, meta_kwargs)
-            if cpu_error is None and _lacks_meta_kernel(rule):
-                # this PyTorch release has no meta kernel for the op: the CPU runs it (counted, reported)
-                raise LoweringFailed(rule.op, error) from None
-            raise cpu_error or error from None
-
-        by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
-        written = registry.flatten(registry.written_arguments(op.func, meta_args, meta_kwargs))
-        mutated = [by_identity[id(m)] for m in written if m is not None]
-        self.resized = resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]
-                                  and not _keeps_its_view(op.func, meta_kwargs, meta_tensors[i], before[i])]
+        # the signature as text, which names its program on disk (and in adaptive eager's fused programs' keys);
+        # with offsets as arguments, which text depends on the meta kernel (below)
+        disk_key = None if anywhere is not None else _disk_key(rule, key)
+        path = self._path_for(disk_key)
+        stored = compilation_cache.read(path)
+        # a signature an earlier process compiled keeps its outputs' plan on disk with its executable: no meta
+        # kernel or argument check runs again (a warm start's first step), but where the signature takes numbers,
+        # whose values the checks may read (a fill value out of its dtype's range)
+        known = stored[1][2] if stored and len(stored[1]) > 2 and not scalars else None
+        mutated, resized, new_specs, plan, fresh_specs = known or self._outputs_from_meta(
+            op, targs, tkwargs, specs, pattern, storages, scalars)
+        self.resized, self.new_specs, self.plan, self.fresh_specs = resized, new_specs, plan, fresh_specs
+        written_in_place = [i for i in mutated if i not in resized]
         # a resized tensor's new view is the meta kernel's for these offsets
         self.traced_offsets = traced_offsets = anywhere is not None and not resized
-        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
-        self.new_specs = new_specs = [_meta_spec(meta_tensors[i]) for i in resized]
-        written_in_place = [i for i in mutated if i not in resized]
-        for i in written_in_place:
-            _check_no_internal_overlap(specs[i])
-        if rule.refuses_partial_overlap:
-            _check_no_partial_overlap(meta_tensors, pattern, written_in_place)
-        fresh = []
-        self.plan = _output_plan(meta_out, by_identity, fresh)
-        self.fresh_specs = fresh_specs = [_meta_spec(m) for m in fresh]
+        if anywhere is not None:
+            disk_key = _disk_key(rule, anywhere if traced_offsets else key)
+            path = self._path_for(disk_key)
+            stored = compilation_cache.read(path)
         self.random = op.random
         self.op = op.func
         self.rule = rule
         # the device-side checks the lowering asks for (ops.checks): found when the program is traced, below
         self.check_errors = check_errors = []
-        lowering, drop, n_scalars, n_fresh = rule.lowering, op.drop_kwargs, len(scalars), len(fresh)
+        lowering, drop, n_scalars, n_fresh = rule.lowering, op.drop_kwargs, len(scalars), len(fresh_specs)
 
         def compute(values, extras):
             scalar_values = extras[:n_scalars]
@@ -230,7 +209,8 @@ class Executable:
                 # Python ints among the results are sizes the meta kernel gives already (fused attention's max_q)
                 results = [r for r in registry.flatten(lowering(*call_args, **call_kwargs))
                            if r is not None and type(r) is not int]
-            registry.check_outputs(rule.target, results[:n_fresh], fresh)
+            if rule.checked_outputs:  # a library lowering's, never stored: its plan came from the meta kernel
+                registry.check_outputs(rule.target, results[:n_fresh], self._fresh_metas)
             check_errors[:] = [(error, message) for _, error, message in conditions]
             written = dict(zip(mutated, results[n_fresh:]))
             outputs = [_materialize(v, spec) for v, spec in zip(results[:n_fresh], fresh_specs)]
@@ -256,13 +236,11 @@ class Executable:
         self.compiled = self._compile_and_run
         self._first_run = threading.Lock()
         self.ran = False
-        # the signature as text, which names this program on disk (and in adaptive eager's fused programs' keys)
-        self.disk_key = _disk_key(rule, anywhere if traced_offsets else key)
-        self._path = self.disk_key and compilation_cache.entry_path(
-            "ops", platform_name(), jax_device(self.device_index), self.disk_key)
+        self.disk_key, self._path = disk_key, path
+        # what a later process needs of the meta kernel's plan, stored with the executable
+        self._outputs_plan = (mutated, resized, new_specs, plan, fresh_specs)
         # found on disk, the executable is loaded at its first run, which a fused program found on disk may
         # make unnecessary (adaptive eager at a warm start)
-        stored = compilation_cache.read(self._path)
         self._stored = stored[0] if stored else None
         self._loaded = None  # its stored executable, loaded ahead of its first run (`load_stored`)
         self.loaded_from_disk = self._stored is not None
@@ -270,7 +248,7 @@ class Executable:
         # (before that, only while it compiles ahead: `_compiles_ahead`)
         self.known_good = self.loaded_from_disk
         if self.loaded_from_disk:
-            check_errors[:], self.output_sizes = stored[1]
+            check_errors[:], self.output_sizes = stored[1][:2]
             return
         # the numbers as themselves, as a first run passes them (transfer.device_scalars): not a sighting
         extras = self._numbers(tensors, scalars) + ([_KEY] if self.random else [])
@@ -418,7 +396,59 @@ class Executable:
 
     def _compile(self, traced):
         return compilation_cache.compile_and_store(self._path, traced.lower().compile,
-                                                   (list(self.check_errors), self.output_sizes))
+                                                   (list(self.check_errors), self.output_sizes,
+                                                    _picklable(self._outputs_plan)))
+
+    def _path_for(self, disk_key):
+        """Where the program named `disk_key` is kept on disk (None for no name: `_disk_key`)."""
+        return disk_key and compilation_cache.entry_path("ops", platform_name(), jax_device(self.device_index),
+                                                         disk_key)
+
+    def _outputs_from_meta(self, op, targs, tkwargs, specs, pattern, storages, scalars):
+        """The op's outputs as PyTorch's meta kernel gives them, after the CPU's argument checks (which raise
+        PyTorch's errors for bad input): the arguments it writes (by number), those of them it resizes, their new
+        views, the plan of its outputs, the new outputs' views."""
+        rule = op.rule
+        bases = {}
+        meta_tensors = [views.meta_view(spec, storages[p], bases) for spec, p in zip(specs, pattern)]
+        before = [_meta_spec(m) for m in meta_tensors]
+        meta_args = fill(targs, meta_tensors, scalars)
+        meta_kwargs = {k: fill(v, meta_tensors, scalars) for k, v in tkwargs}
+        cpu_dtypes.check(rule.op, meta_args, meta_kwargs)
+        if op.drop_kwargs:
+            out_dtypes.check_with_meta(rule.op, rule.target, meta_args, meta_kwargs)
+        argument_check = registry.argument_check(rule.op)
+        if argument_check is not None:
+            # the CPU's errors as written out for the op, before the CPU asked on zeros below (which may fail on
+            # the zeros' values first: segment lengths that do not add up)
+            argument_check(*meta_args, **meta_kwargs)
+        try:
+            meta_out = rule.meta(*meta_args, **meta_kwargs)
+        except Exception as error:
+            # a meta kernel written in Python (torch._refs) may reject bad input with another error than the
+            # CPU kernel's: the user gets the CPU's
+            cpu_error = fallback.cpu_error(rule.op, meta_args, meta_kwargs)
+            if cpu_error is None and _lacks_meta_kernel(rule):
+                # this PyTorch release has no meta kernel for the op: the CPU runs it (counted, reported)
+                raise LoweringFailed(rule.op, error) from None
+            raise cpu_error or error from None
+
+        by_identity = {id(m): i for i, m in enumerate(meta_tensors)}
+        written = registry.flatten(registry.written_arguments(op.func, meta_args, meta_kwargs))
+        mutated = [by_identity[id(m)] for m in written if m is not None]
+        resized = [i for i in mutated if _meta_spec(meta_tensors[i]) != before[i]
+                   and not _keeps_its_view(op.func, meta_kwargs, meta_tensors[i], before[i])]
+        _check_inplace_shapes(op.func, [(before[i][0], meta_tensors[i].shape) for i in resized])
+        written_in_place = [i for i in mutated if i not in resized]
+        for i in written_in_place:
+            _check_no_internal_overlap(specs[i])
+        if rule.refuses_partial_overlap:
+            _check_no_partial_overlap(meta_tensors, pattern, written_in_place)
+        fresh = []
+        plan = _output_plan(meta_out, by_identity, fresh)
+        self._fresh_metas = fresh
+        return (mutated, resized, [_meta_spec(meta_tensors[i]) for i in resized], plan,
+                [_meta_spec(m) for m in fresh])
 
     def _is_final(self, exc) -> bool:
         return fallback.is_final(self.rule, exc)
@@ -480,6 +510,15 @@ def _resize_to(tensor, buffer, spec, device_index: int) -> None:
 
 # the abstract raw key a random op's program takes (rng.next_key's result)
 _KEY = jax.ShapeDtypeStruct((4,), np.uint32)
+
+
+def _picklable(value):
+    """`value` if it can be stored on disk, else None."""
+    try:
+        pickle.dumps(value)
+    except Exception:  # a constant among the outputs that does not pickle
+        return None
+    return value
 
 
 def _factory_device_index(tkwargs) -> int:
