@@ -180,8 +180,11 @@ class Executable:
         stored = compilation_cache.read(path)
         # a signature an earlier process compiled keeps its outputs' plan on disk with its executable: no meta
         # kernel or argument check runs again (a warm start's first step), but where the signature takes numbers,
-        # whose values the checks may read (a fill value out of its dtype's range)
+        # whose values the checks may read (a fill value out of its dtype's range), or resizes an out= (whose meta
+        # kernel warns, as the CPU's does, when the out= held elements)
         known = stored[1][2] if stored and len(stored[1]) > 2 and not scalars else None
+        if known and known[1]:
+            known = None
         mutated, resized, new_specs, plan, fresh_specs = known or self._outputs_from_meta(
             op, targs, tkwargs, specs, pattern, storages, scalars)
         self.resized, self.new_specs, self.plan, self.fresh_specs = resized, new_specs, plan, fresh_specs
