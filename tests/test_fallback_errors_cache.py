@@ -145,6 +145,11 @@ def test_a_decompositions_graph_is_traced_once_per_signature(monkeypatch):
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     lowering(jnp.asarray(x.numpy()), 0.5)
     assert len(traces) == 6
+    # a tensor among the other arguments, which may change after a graph took it: traced each time, not kept
+    flat, spec = torch.utils._pytree.tree_flatten(((jnp.ones(3), torch.ones(2)), {}))
+    for _ in range(2):
+        rules._decomposition_graph(lambda a, t: a + 1, flat, spec, [True, False])
+    assert len(traces) == 8 and len(rules._GRAPHS) == 6
 
 
 def test_fallback_inplace_writes_back(unlowered_op):

@@ -163,9 +163,9 @@ def _decomposition_graph(decomposition, flat, spec, is_array) -> torch.fx.GraphM
     """`decomposition` traced by make_fx for these arguments (the arrays' shapes and dtypes, the other values):
     once per signature, as adaptive eager traces each queued op's program again in its fused program. The settings
     decompositions read (the default dtype, deterministic algorithms) are part of the signature."""
-    signature = (decomposition, spec, torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
-                 tuple((v.shape, v.dtype) if a else _constant_key(v) for v, a in zip(flat, is_array)))
     try:
+        signature = (decomposition, spec, torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+                     tuple((v.shape, v.dtype) if a else _constant_key(v) for v, a in zip(flat, is_array)))
         gm = _GRAPHS.get(signature)
     except TypeError:  # an argument that is no plain value (a tensor, held by the graph as it is): traced each time
         signature = gm = None
