@@ -1,14 +1,15 @@
-"""Higher-order ops on neuron: control flow (`torch.cond`, `while_loop`), nested compile regions, and the
-rule that runs any other one op by op.
+"""Higher-order ops on neuron: control flow (`torch.cond`, `while_loop`, `scan`), nested compile regions, and
+the rule that runs any other one op by op.
 
 Eagerly, a higher-order op reaches a tensor subclass only through a rule registered for the subclass; each
 runs PyTorch's own dense rule (its CompositeExplicitAutograd kernel: the predicate read on the host, then the
-branch, loop body or subgraph as ordinary ops). `torch.cond` and `while_loop` get it at import, as eager code
-calls them; any other (scan, map, a mutating custom op's auto_functionalized) when a compiled graph that
-cannot lower it runs it between its compiled pieces (`dense_rule_for_neuron`). In a compiled graph `cond`
-and `while_loop` become XLA's own control flow (`lax.cond`, `lax.while_loop`) and a nested compile region
-its subgraph, in the graph's program, run through the lowering table: a data-dependent predicate costs no
-host round trip and no graph break. `with_effects`, which orders an effectful op (`_linalg_check_errors`
+branch, loop body or subgraph as ordinary ops), as the CPU and CUDA do. The control flow eager code calls
+(`torch.cond`, `while_loop`, `scan`, `map`, `associative_scan`) gets it at import; any other (a mutating
+custom op's auto_functionalized) when a compiled graph that cannot lower it runs it between its compiled
+pieces (`dense_rule_for_neuron`). In a compiled graph `cond`, `while_loop` and `scan` become XLA's own
+control flow (`lax.cond`, `lax.while_loop`, `lax.scan`) and a nested compile region its subgraph, in the
+graph's program, run through the lowering table: a data-dependent predicate costs no host round trip and
+no graph break, a scan no op-by-op loop. `with_effects`, which orders an effectful op (`_linalg_check_errors`
 after torch.linalg's factorizations and solvers), is that op's lowering in the program.
 """
 import jax
@@ -17,7 +18,10 @@ from jax import lax
 from torch._C import DispatchKey
 from torch._higher_order_ops.cond import cond_op
 from torch._higher_order_ops.effects import with_effects
+from torch._higher_order_ops.associative_scan import associative_scan_op
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+from torch._higher_order_ops.map import map_impl
+from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from ..runtime.tensor import NeuronTensor
@@ -34,8 +38,8 @@ def dense_rule_for_neuron(hop) -> None:
         hop.py_impl(NeuronTensor)(dense)
 
 
-dense_rule_for_neuron(cond_op)
-dense_rule_for_neuron(while_loop_op)
+for _control_flow in (cond_op, while_loop_op, scan_op, map_impl, associative_scan_op):
+    dense_rule_for_neuron(_control_flow)
 
 
 def _outputs(graph, values) -> tuple:
@@ -121,6 +125,32 @@ def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
     out, conditions = lax.while_loop(predicate, step, (carried, start))
     _report(conditions, slots)
     return out
+
+
+@lower(scan_op)
+def scan(combine_graph, init, xs, additional_inputs):
+    """One loop over the leading axis of `xs` (PyTorch's scan has moved the scanned dim there): the combine
+    graph maps (carry, slice) to (new carry, this step's outputs), which are stacked. Its checks are carried
+    through the loop as while_loop carries them, each keeping its first failure."""
+    carry, xs, additional = tuple(jnp.asarray(c) for c in init), tuple(xs), tuple(additional_inputs)
+    if not xs:
+        return carry  # nothing to scan: PyTorch's dense rule returns the initial carry
+    first = tuple(x[0] for x in xs)
+    slots = [(combine_graph, check) for check in _checks_of(combine_graph, carry + first + additional)
+             ] if checks.collected() else []
+    body = _checked(combine_graph, slots)
+
+    def step(state, sliced):
+        values, conditions = state
+        out, found = body(values + tuple(sliced) + additional)
+        # the new carry with the initial one's dtypes, as the loop requires of every iteration
+        new = tuple(jnp.asarray(n, dtype=old.dtype) for n, old in zip(out, values))
+        return (new, tuple(map(checks.first_failure, conditions, found))), tuple(out[len(values):])
+
+    start = tuple(checks.held(shape) for _, (shape, *_) in slots)
+    (carry, conditions), stacked = lax.scan(step, (carry, start), xs)
+    _report(conditions, slots)
+    return carry + stacked
 
 
 @lower(invoke_subgraph)
