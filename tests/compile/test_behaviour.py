@@ -423,14 +423,30 @@ def test_indexing_inside_a_compiled_scan_is_checked():
         compiled(_neuron(x), _neuron(torch.tensor(3))).cpu()
 
 
-def test_map_and_generic_associative_scan_run_eagerly():
-    """Eager control flow beside cond, while_loop and scan: PyTorch's dense rules, registered for neuron."""
+def test_map_eager_and_compiled_into_the_program_with_gradients():
+    """`map` runs eagerly (PyTorch's dense rule) and compiles into the program as a scan without a carry,
+    forward and backward (before, the graph split around it)."""
+    x, y = torch.randn(4, 3), torch.randn(3)
+    results = {}
+    for name, device, f in (("cpu", "cpu", _mapped), ("eager", "neuron", _mapped),
+                            ("compiled", "neuron", torch.compile(_mapped, backend="neuron", fullgraph=True))):
+        leaves = [t.detach().to(device).requires_grad_() for t in (x, y)]
+        scaled, sums = f(*leaves)
+        (scaled.sum() + (sums * sums).sum()).backward()
+        results[name] = [scaled.detach(), sums.detach(), *(leaf.grad for leaf in leaves)]
+    for name in ("eager", "compiled"):
+        for got, expected in zip(results[name], results["cpu"]):
+            torch.testing.assert_close(got.cpu(), expected)
+    report = neuron_compile.report()
+    assert report["graphs"] == 2 and report["eager_ops"] == {}
+
+
+def test_generic_associative_scan_runs_eagerly():
     from torch._higher_order_ops.associative_scan import associative_scan
 
-    x, y = torch.rand(6, 3) + 0.5, torch.randn(3)
+    x = torch.rand(6, 3) + 0.5
     products = associative_scan(lambda a, b: a * b, _neuron(x), dim=0, combine_mode="generic")
     torch.testing.assert_close(products.cpu(), torch.cumprod(x, 0))
-    torch.testing.assert_close(_mapped(_neuron(x), _neuron(y)).cpu(), _mapped(x, y))
 
 
 def _shift_right(ids):
@@ -511,7 +527,7 @@ def _mutates_through_a_custom_op(x):
 def _mapped(xs, y):
     from functorch.experimental.control_flow import map as control_flow_map
 
-    return control_flow_map(lambda x, y: x * y + 1, xs, y)
+    return control_flow_map(lambda x, y: (x.sin() * y + 1, x.sum()), xs, y)
 
 
 def test_nested_compile_regions_are_part_of_the_program():
@@ -524,14 +540,13 @@ def test_nested_compile_regions_are_part_of_the_program():
     assert neuron_compile.report()["eager_ops"] == {}
 
 
-@pytest.mark.parametrize("f, shapes", [(_mutates_through_a_custom_op, [(3,)]), (_mapped, [(4, 3), (3,)])])
-def test_higher_order_ops_without_a_lowering_run_between_compiled_pieces(f, shapes):
-    """A higher-order op the table cannot lower (a mutating custom op's auto_functionalized, map) runs
-    eagerly between the graph's compiled pieces with PyTorch's dense rule, registered for neuron tensors when
-    the graph is compiled. Before, the graph called it on JAX values, or PyTorch had no rule for neuron."""
-    inputs = [torch.randn(shape) for shape in shapes]
-    got = torch.compile(f, backend="neuron")(*map(_neuron, inputs))
-    torch.testing.assert_close(got.cpu(), f(*inputs))
+def test_higher_order_ops_without_a_lowering_run_between_compiled_pieces():
+    """A higher-order op the table cannot lower (a mutating custom op's auto_functionalized) runs eagerly
+    between the graph's compiled pieces with PyTorch's dense rule, registered for neuron tensors when the
+    graph is compiled. Before, the graph called it on JAX values, or PyTorch had no rule for neuron."""
+    x = torch.randn(3)
+    got = torch.compile(_mutates_through_a_custom_op, backend="neuron")(_neuron(x))
+    torch.testing.assert_close(got.cpu(), _mutates_through_a_custom_op(x))
     assert neuron_compile.report()["eager_ops"]
 
 

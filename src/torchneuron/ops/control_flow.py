@@ -1,16 +1,17 @@
-"""Higher-order ops on neuron: control flow (`torch.cond`, `while_loop`, `scan`), nested compile regions, and
-the rule that runs any other one op by op.
+"""Higher-order ops on neuron: control flow (`torch.cond`, `while_loop`, `scan`, `map`), nested compile
+regions, and the rule that runs any other one op by op.
 
 Eagerly, a higher-order op reaches a tensor subclass only through a rule registered for the subclass; each
 runs PyTorch's own dense rule (its CompositeExplicitAutograd kernel: the predicate read on the host, then the
 branch, loop body or subgraph as ordinary ops), as the CPU and CUDA do. The control flow eager code calls
 (`torch.cond`, `while_loop`, `scan`, `map`, `associative_scan`) gets it at import; any other (a mutating
 custom op's auto_functionalized) when a compiled graph that cannot lower it runs it between its compiled
-pieces (`dense_rule_for_neuron`). In a compiled graph `cond`, `while_loop` and `scan` become XLA's own
-control flow (`lax.cond`, `lax.while_loop`, `lax.scan`) and a nested compile region its subgraph, in the
-graph's program, run through the lowering table: a data-dependent predicate costs no host round trip and
-no graph break, a scan no op-by-op loop. `with_effects`, which orders an effectful op (`_linalg_check_errors`
-after torch.linalg's factorizations and solvers), is that op's lowering in the program.
+pieces (`dense_rule_for_neuron`). In a compiled graph `cond`, `while_loop`, `scan` and `map` become XLA's
+own control flow (`lax.cond`, `lax.while_loop`, `lax.scan`) and a nested compile region its subgraph, in
+the graph's program, run through the lowering table: a data-dependent predicate costs no host round trip
+and no graph break, a scan or map no op-by-op loop. `with_effects`, which orders an effectful op
+(`_linalg_check_errors` after torch.linalg's factorizations and solvers), is that op's lowering in the
+program.
 """
 import jax
 import jax.numpy as jnp
@@ -129,16 +130,27 @@ def while_loop(cond_graph, body_graph, carried_inputs, additional_inputs):
 
 @lower(scan_op)
 def scan(combine_graph, init, xs, additional_inputs):
-    """One loop over the leading axis of `xs` (PyTorch's scan has moved the scanned dim there): the combine
-    graph maps (carry, slice) to (new carry, this step's outputs), which are stacked. Its checks are carried
-    through the loop as while_loop carries them, each keeping its first failure."""
-    carry, xs, additional = tuple(jnp.asarray(c) for c in init), tuple(xs), tuple(additional_inputs)
+    """The combine graph maps (carry, slice) to (new carry, this step's outputs), which are stacked."""
+    carry = tuple(jnp.asarray(c) for c in init)
     if not xs:
         return carry  # nothing to scan: PyTorch's dense rule returns the initial carry
+    carry, stacked = _over_leading_axis(combine_graph, carry, tuple(xs), tuple(additional_inputs))
+    return carry + stacked
+
+
+@lower(map_impl)
+def map_op(body_graph, xs, pos_args):
+    """A scan without a carry: each slice's outputs, stacked."""
+    return list(_over_leading_axis(body_graph, (), tuple(xs), tuple(pos_args))[1])
+
+
+def _over_leading_axis(graph, carry, xs, additional):
+    """One loop (lax.scan) over the leading axis of `xs` (PyTorch's scan and map have moved the mapped dim
+    there), `graph(*carry, *slices, *additional)` giving the new carry, then the step's outputs to stack. Its
+    checks are carried through the loop as while_loop carries them, each keeping its first failure."""
     first = tuple(x[0] for x in xs)
-    slots = [(combine_graph, check) for check in _checks_of(combine_graph, carry + first + additional)
-             ] if checks.collected() else []
-    body = _checked(combine_graph, slots)
+    slots = [(graph, check) for check in _checks_of(graph, carry + first + additional)] if checks.collected() else []
+    body = _checked(graph, slots)
 
     def step(state, sliced):
         values, conditions = state
@@ -150,7 +162,7 @@ def scan(combine_graph, init, xs, additional_inputs):
     start = tuple(checks.held(shape) for _, (shape, *_) in slots)
     (carry, conditions), stacked = lax.scan(step, (carry, start), xs)
     _report(conditions, slots)
-    return carry + stacked
+    return carry, stacked
 
 
 @lower(invoke_subgraph)
