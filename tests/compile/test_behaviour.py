@@ -441,6 +441,58 @@ def test_map_eager_and_compiled_into_the_program_with_gradients():
     assert report["graphs"] == 2 and report["eager_ops"] == {}
 
 
+def _printed_and_added(x):
+    from torch._higher_order_ops.print import print as print_op
+
+    print_op("printed {x}", x=x)
+    return x + 1
+
+
+def test_print_runs_eagerly_and_between_compiled_pieces(capsys):
+    """The `print` higher-order op prints neuron tensors eagerly (PyTorch's dense rule, registered for neuron)
+    and, compiled, runs between the pieces (it has no lowering: an effect with no lowering splits the graph).
+    Before, eager raised "no rule registered for HOP print" and the compiled graph "'NoneType' object is not
+    callable" while tracing its program."""
+    x = torch.tensor([1.0, 2.0])
+    torch.testing.assert_close(_printed_and_added(_neuron(x)).cpu(), x + 1)
+    assert "printed tensor([1., 2.], device='neuron:0')" in capsys.readouterr().out
+    compiled = torch.compile(_printed_and_added, backend="neuron", fullgraph=True)
+    torch.testing.assert_close(compiled(_neuron(x)).cpu(), x + 1)
+    assert "printed tensor([1., 2.], device='neuron:0')" in capsys.readouterr().out
+    assert list(neuron_compile.report()["eager_ops"]) == ["with_effects"]
+
+
+@pytest.mark.parametrize("dtype, out", [(torch.int8, torch.int32), (torch.bfloat16, torch.float32)])
+def test_out_dtype_eager_and_compiled(dtype, out):
+    """`out_dtype` (torch.ao's int8 products into int32): eagerly PyTorch's dense rule, compiled a lowering in
+    the program computing as that rule does off CUDA (before: eager refused it, compile split the graph)."""
+    from torch._higher_order_ops.out_dtype import out_dtype
+
+    def product(a, b):
+        return out_dtype(torch.ops.aten.mm.default, out, a, b)
+
+    a, b = (torch.randint(-100, 100, shape).to(dtype) for shape in ((3, 8), (8, 2)))
+    expected = product(a, b)
+    assert expected.dtype == out
+    for f in (product, torch.compile(product, backend="neuron", fullgraph=True)):
+        torch.testing.assert_close(f(_neuron(a), _neuron(b)).cpu(), expected)
+    assert neuron_compile.report()["eager_ops"] == {}
+
+
+def test_hints_wrapper_and_foreach_map_compile_into_the_program():
+    from torch._higher_order_ops.foreach_map import foreach_map
+    from torch._higher_order_ops.hints_wrap import hints_wrapper
+
+    def f(x, y):
+        hinted = hints_wrapper(lambda v: v.sin() + 1, (x,), {}, hints={"outer_domain": True})
+        return foreach_map(lambda a, b: a * b + 1, [hinted, x], [y, y])
+
+    x, y = torch.randn(3), torch.randn(3)
+    got = torch.compile(f, backend="neuron", fullgraph=True)(_neuron(x), _neuron(y))
+    torch.testing.assert_close([t.cpu() for t in got], list(f(x, y)))
+    assert neuron_compile.report()["eager_ops"] == {}
+
+
 def test_generic_associative_scan_runs_eagerly():
     from torch._higher_order_ops.associative_scan import associative_scan
 

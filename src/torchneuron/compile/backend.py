@@ -104,6 +104,9 @@ def node_supported(gm: torch.fx.GraphModule, node, with_collectives: bool = Fals
     a subgraph is not given, the op runs eagerly between pieces)."""
     if not supported(node.target, with_collectives):
         return False
+    if node.target is with_effects:
+        # the effectful op's lowering is its lowering (a `print` has none: it runs between pieces)
+        return supported(node.args[1], with_collectives)
     if not (isinstance(node.target, torch._ops.HigherOrderOperator) and node.target in registry.LOWERINGS):
         return True
     subgraphs = [getattr(gm, a.target) for a in pytree.tree_leaves((node.args, node.kwargs))

@@ -29,3 +29,6 @@ from . import (  # noqa: F401  (registration side effects)
     transformer,
 )
 from . import foreach  # noqa: E402,F401  (last: it mirrors the per-tensor ops registered above)
+
+# after the families, some of which give a higher-order op a rule of their own (flex attention's)
+control_flow.dense_rules_for_neuron()

@@ -3,15 +3,15 @@ regions, and the rule that runs any other one op by op.
 
 Eagerly, a higher-order op reaches a tensor subclass only through a rule registered for the subclass; each
 runs PyTorch's own dense rule (its CompositeExplicitAutograd kernel: the predicate read on the host, then the
-branch, loop body or subgraph as ordinary ops), as the CPU and CUDA do. The control flow eager code calls
-(`torch.cond`, `while_loop`, `scan`, `map`, `associative_scan`) gets it at import; any other (a mutating
-custom op's auto_functionalized) when a compiled graph that cannot lower it runs it between its compiled
-pieces (`dense_rule_for_neuron`). In a compiled graph `cond`, `while_loop`, `scan` and `map` become XLA's
-own control flow (`lax.cond`, `lax.while_loop`, `lax.scan`) and a nested compile region its subgraph, in
-the graph's program, run through the lowering table: a data-dependent predicate costs no host round trip
-and no graph break, a scan or map no op-by-op loop. `with_effects`, which orders an effectful op
-(`_linalg_check_errors` after torch.linalg's factorizations and solvers), is that op's lowering in the
-program.
+branch, loop body or subgraph as ordinary ops), as the CPU and CUDA do: every higher-order op PyTorch has
+defined gets it when the lowering table is imported (`dense_rules_for_neuron`: `torch.cond`, `while_loop`,
+`scan`, `map`, `associative_scan`, `print`, `out_dtype`, ...), one defined later when a compiled graph that
+cannot lower it runs it between its compiled pieces. In a compiled graph `cond`, `while_loop`, `scan` and
+`map` become XLA's own control flow (`lax.cond`, `lax.while_loop`, `lax.scan`), and a nested compile region,
+a `hints_wrapper` or a `foreach_map` its subgraph, in the graph's program, run through the lowering table: a
+data-dependent predicate costs no host round trip and no graph break, a scan or map no op-by-op loop.
+`with_effects`, which orders an effectful op (`_linalg_check_errors` after torch.linalg's factorizations and
+solvers), is that op's lowering in the program; one without a lowering (`print`) runs between pieces.
 """
 import jax
 import jax.numpy as jnp
@@ -19,14 +19,18 @@ from jax import lax
 from torch._C import DispatchKey
 from torch._higher_order_ops.cond import cond_op
 from torch._higher_order_ops.effects import with_effects
-from torch._higher_order_ops.associative_scan import associative_scan_op
+from torch._higher_order_ops.foreach_map import _foreach_map
+from torch._higher_order_ops.hints_wrap import hints_wrapper
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 from torch._higher_order_ops.map import map_impl
+from torch._higher_order_ops.out_dtype import out_dtype
 from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
+from torch._ops import _higher_order_ops
 
+from ..runtime.dtypes import to_jax
 from ..runtime.tensor import NeuronTensor
-from . import checks
+from . import checks, promotion
 from .registry import lower
 from .rules import lowering_for, run_graph
 
@@ -39,8 +43,10 @@ def dense_rule_for_neuron(hop) -> None:
         hop.py_impl(NeuronTensor)(dense)
 
 
-for _control_flow in (cond_op, while_loop_op, scan_op, map_impl, associative_scan_op):
-    dense_rule_for_neuron(_control_flow)
+def dense_rules_for_neuron() -> None:
+    """PyTorch's dense rule for neuron tensors of every higher-order op defined so far that has none of ours."""
+    for hop in list(_higher_order_ops.values()):
+        dense_rule_for_neuron(hop)
 
 
 def _outputs(graph, values) -> tuple:
@@ -169,6 +175,28 @@ def _over_leading_axis(graph, carry, xs, additional):
 def nested_compile_region(subgraph, identifier, *operands):
     """Run inline, in the enclosing program's trace, which keeps its checks."""
     return _outputs(subgraph, operands)
+
+
+@lower(_foreach_map)
+def foreach_map(subgraph, *operands):
+    """Its subgraph is the whole loop over the lists (PyTorch's dense rule calls it so)."""
+    return _outputs(subgraph, operands)
+
+
+@lower(hints_wrapper)
+def hinted(body_graph, args, kwargs, hints):
+    """The hints are for Inductor's scheduling; the body runs inline."""
+    return _outputs(body_graph, tuple(args))
+
+
+@lower(out_dtype)
+def with_out_dtype(op, output_dtype, *args):
+    """As PyTorch's dense rule computes it off CUDA: the arguments in the promotion of their dtypes and the
+    output's (int8 products in int32, bfloat16 ones in float32), the result in the output dtype."""
+    # the output dtype as a one-element tensor, which promotes as a full one (a 0-d tensor would give way)
+    compute, _ = promotion.dtypes(*(a for a in args if promotion.is_array(a)), jnp.zeros((1,), to_jax(output_dtype)))
+    casted = [promotion.cast(a, compute) if promotion.is_array(a) else a for a in args]
+    return promotion.cast(lowering_for(op)(*casted), to_jax(output_dtype))
 
 
 @lower(with_effects)
