@@ -38,6 +38,12 @@ def test_fixed_cost_prints_every_op():
     assert all(float(r[4]) > 0 for r in rows if r[1].strip() in CAPTURED), out
 
 
+def test_optimizer_step_bench_reports_both_implementations():
+    out = subprocess.run([sys.executable, "-m", "bench.optimizer_step", "--parameters", "3", "--calls", "2",
+                          "--repeats", "1"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| AdamW")]
+    assert [r[1].strip() for r in rows] == ["foreach", "fused"] and all(float(r[2]) > 0 for r in rows), out
+
 
 def test_threads_bench_runs_each_thread_count_on_both_devices():
     out = subprocess.run([sys.executable, "-m", "bench.threads", "--steps", "3"], cwd=ROOT, check=True,
