@@ -178,8 +178,9 @@ def nested_compile_region(subgraph, identifier, *operands):
 
 
 @lower(_foreach_map)
-def foreach_map(subgraph, *operands):
-    """Its subgraph is the whole loop over the lists (PyTorch's dense rule calls it so)."""
+def foreach_map(subgraph, *operands, **inductor_options):
+    """Its subgraph is the whole loop over the lists (PyTorch's dense rule calls it so); the keyword options
+    some releases pass are for Inductor's fusion."""
     return _outputs(subgraph, operands)
 
 
