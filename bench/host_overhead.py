@@ -66,6 +66,7 @@ def measure(mode: str, smoke: bool, steps: int) -> dict:
         for _ in range(3):  # compiles, then the steady state
             train()
         torch.neuron.synchronize()
+        timing.no_compile_running("neuron")
         listener = ExecutableTime()
         events.listen(listener)
         try:

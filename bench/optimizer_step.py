@@ -14,7 +14,7 @@ import torch
 
 import torchneuron  # noqa: F401
 
-from .timing import thread_time_per_call
+from .timing import no_compile_running, thread_time_per_call
 
 
 def _step(device: str, parameters: int, **options):
@@ -46,6 +46,7 @@ def main(argv=None) -> dict:
                 step = _step(device, args.parameters, **options)
                 for _ in range(5):  # compiles, then the fused queue's steady state
                     step()
+                no_compile_running(device)
                 rows.setdefault(implementation, {})[column] = thread_time_per_call(step, args.calls, args.repeats)
     columns = ["neuron adaptive", "neuron eager", "torch cpu"]
     print(f"| AdamW, {args.parameters} parameters of 8x8 | " + " | ".join(columns) + " | adaptive / cpu |")

@@ -17,6 +17,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def no_compile_running(device: str) -> None:
+    """After warm-up: on neuron, no compile left running beside the timed calls (adaptive eager runs a recurring
+    queue fused from its third sighting, its program compiled ahead on a compile thread from the second).
+    Imported here: a process timing without torchneuron (bench.dispatch_floor's plain tensor) must not load it."""
+    if torch.device(device).type == "neuron":
+        from torchneuron.runtime.program import wait_for_compiles
+
+        wait_for_compiles()
+
+
 def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2, wait=None) -> dict:
     """Per-call seconds of `fn` (called `inner` times per repeat, synchronised at the end of each repeat).
 
@@ -25,13 +35,7 @@ def measure(fn, device: str, *, inner: int, repeats: int, warmup: int = 2, wait=
     for _ in range(warmup):
         result = fn()
     finish(result)
-    if torch.device(device).type == "neuron":
-        # adaptive eager runs a recurring queue fused from its third sighting, its program compiled ahead on a
-        # compile thread from the second: no compile runs beside the timed calls. Imported here: a process timing
-        # without torchneuron (bench.dispatch_floor's plain tensor) must not load it
-        from torchneuron.runtime.program import wait_for_compiles
-
-        wait_for_compiles()
+    no_compile_running(device)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
