@@ -317,6 +317,21 @@ def test_tensors_made_from_data_inside_a_compiled_function(f, backend):
         torch.testing.assert_close(fast(_neuron(x)).cpu(), f(x))
 
 
+def _eager_and_compiled_against_the_cpu(f, inputs, loss, **tolerance):
+    """`f`'s outputs and its inputs' gradients of `loss(outputs)`, on neuron eagerly and compiled whole, as on
+    the CPU."""
+    results = {}
+    for name, device, run in (("cpu", "cpu", f), ("eager", "neuron", f),
+                              ("compiled", "neuron", torch.compile(f, backend="neuron", fullgraph=True))):
+        leaves = [t.detach().to(device).requires_grad_() for t in inputs]
+        out = run(*leaves)
+        loss(out).backward()
+        results[name] = [o.detach() for o in torch.utils._pytree.tree_leaves(out)] + [leaf.grad for leaf in leaves]
+    for name in ("eager", "compiled"):
+        for got, expected in zip(results[name], results["cpu"], strict=True):
+            torch.testing.assert_close(got.cpu(), expected, **tolerance)
+
+
 def _branching(x, w):
     y = x * w
     return torch.cond(y.sum() > 0, lambda t: (t.sin() * w,), lambda t: (t.cos() + w,), (y,))[0].sum()
@@ -332,17 +347,7 @@ def test_torch_cond_eager_and_compiled_into_the_program_with_gradients(sign):
     """`torch.cond` on neuron runs eagerly (PyTorch's dense rule, registered for neuron tensors) and compiles
     into the graph's own program (lax.cond): one graph each way, nothing eager. Before, eager refused a
     neuron predicate ("improper predicate") and the compiled graph called the op on JAX values."""
-    x, w = torch.full((4,), sign), torch.randn(4)
-    results = {}
-    for name, device, f in (("cpu", "cpu", _branching), ("eager", "neuron", _branching),
-                            ("compiled", "neuron", torch.compile(_branching, backend="neuron", fullgraph=True))):
-        leaves = [t.to(device).detach().requires_grad_() for t in (x, w)]
-        out = f(*leaves)
-        out.backward()
-        results[name] = [out.detach(), *(leaf.grad for leaf in leaves)]
-    for name in ("eager", "compiled"):
-        for got, expected in zip(results[name], results["cpu"]):
-            torch.testing.assert_close(got.cpu(), expected)
+    _eager_and_compiled_against_the_cpu(_branching, [torch.full((4,), sign), torch.randn(4)], lambda out: out)
     report = neuron_compile.report()
     assert report["graphs"] == 2 and report["eager_ops"] == {}  # forward and backward, each one program
 
@@ -380,17 +385,8 @@ def test_scan_eager_and_compiled_into_the_program_with_gradients():
     scan and subclass") and compiles into the graph's program as one lax.scan, its backward (a reverse scan)
     too: two programs, nothing run between pieces (before, the graph was split around it and the scan ran op
     by op)."""
-    h0, xs, w = torch.randn(2, 4), torch.randn(2, 6, 4), torch.randn(4, 4) * 0.5
-    results = {}
-    for name, device, f in (("cpu", "cpu", _recurrence), ("eager", "neuron", _recurrence),
-                            ("compiled", "neuron", torch.compile(_recurrence, backend="neuron", fullgraph=True))):
-        leaves = [t.detach().to(device).requires_grad_() for t in (h0, xs, w)]
-        carry, out = f(*leaves)
-        (carry.sum() + (out * out).sum()).backward()
-        results[name] = [carry.detach(), out.detach(), *(leaf.grad for leaf in leaves)]
-    for name in ("eager", "compiled"):
-        for got, expected in zip(results[name], results["cpu"]):
-            torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+    _eager_and_compiled_against_the_cpu(_recurrence, [torch.randn(2, 4), torch.randn(2, 6, 4), torch.randn(4, 4) * 0.5],
+                                        lambda out: out[0].sum() + (out[1] * out[1]).sum(), rtol=1e-4, atol=1e-5)
     report = neuron_compile.report()
     assert report["graphs"] == 2 and report["eager_ops"] == {}
 
@@ -426,17 +422,8 @@ def test_indexing_inside_a_compiled_scan_is_checked():
 def test_map_eager_and_compiled_into_the_program_with_gradients():
     """`map` runs eagerly (PyTorch's dense rule) and compiles into the program as a scan without a carry,
     forward and backward (before, the graph split around it)."""
-    x, y = torch.randn(4, 3), torch.randn(3)
-    results = {}
-    for name, device, f in (("cpu", "cpu", _mapped), ("eager", "neuron", _mapped),
-                            ("compiled", "neuron", torch.compile(_mapped, backend="neuron", fullgraph=True))):
-        leaves = [t.detach().to(device).requires_grad_() for t in (x, y)]
-        scaled, sums = f(*leaves)
-        (scaled.sum() + (sums * sums).sum()).backward()
-        results[name] = [scaled.detach(), sums.detach(), *(leaf.grad for leaf in leaves)]
-    for name in ("eager", "compiled"):
-        for got, expected in zip(results[name], results["cpu"]):
-            torch.testing.assert_close(got.cpu(), expected)
+    _eager_and_compiled_against_the_cpu(_mapped, [torch.randn(4, 3), torch.randn(3)],
+                                        lambda out: out[0].sum() + (out[1] * out[1]).sum())
     report = neuron_compile.report()
     assert report["graphs"] == 2 and report["eager_ops"] == {}
 
