@@ -23,7 +23,7 @@ import torch
 from .runtime import dlpack, events
 from .runtime.dtypes import scalar_type_name
 from .runtime.layout import conv_memory_format
-from .runtime.tensor import NeuronTensor, assign_data, wrap
+from .runtime.tensor import NeuronTensor, assign_data, view_of
 
 _APPLIED = []
 # (owner, name) of each PyTorch function a runtime patch wraps that compiled code calls: Dynamo must trace the
@@ -241,7 +241,7 @@ def dlpack_exchanges_neuron_tensors() -> None:
             target = ext_tensor.device if device is None else torch.device(device)
             if target.type == "neuron" and target.index in (None, ext_tensor.device.index):
                 dlpack.refuse_unexportable(ext_tensor)
-                return ext_tensor.clone() if copy else wrap(ext_tensor._storage, *ext_tensor._spec[:4])
+                return ext_tensor.clone() if copy else view_of(ext_tensor._storage, ext_tensor._spec)
         return take(ext_tensor, **dlpack.given(device=device, copy=copy))
 
     torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack

@@ -5,7 +5,7 @@ from ..ops.shape import check_in_storage
 from ..runtime.cache import ExecutableCache
 from ..runtime.dtypes import check_supported
 from ..runtime.layout import storage_extent
-from ..runtime.tensor import NeuronTensor, wrap
+from ..runtime.tensor import NeuronTensor, view_of
 from . import math_bits
 from .arguments import fill, template
 
@@ -45,17 +45,19 @@ def _spec_of(out: torch.Tensor):
 def view(func, args, kwargs):
     tensors, scalars = [], []
     targs = template(args, tensors, scalars, False)
-    tkwargs = tuple((k, template(v, tensors, scalars, False)) for k, v in kwargs.items())
+    tkwargs = tuple((k, template(v, tensors, scalars, False)) for k, v in kwargs.items()) if kwargs else ()
     source = tensors[0]
     key = (func, targs, tkwargs, source._spec, source._storage.numel)
     specs = _view_cache.get(key)
     if specs is None:
         metas = [meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
         out = func(*fill(targs, metas, scalars), **{k: fill(v, metas, scalars) for k, v in tkwargs})
-        specs = [_spec_of(o) for o in out] if isinstance(out, (list, tuple)) else _spec_of(out)
+        device_index = source._spec[4]
+        specs = ([_spec_of(o) + (device_index,) for o in out] if isinstance(out, (list, tuple))
+                 else _spec_of(out) + (device_index,))
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
-            _check_in_storage(spec, source._storage)
+            _check_in_storage(spec[:4], source._storage)
         _view_cache.put(key, specs)
     return _views_of(func, source, specs)
 
@@ -68,7 +70,7 @@ def alias(func, args, kwargs):
     """detach and alias: the source's own view, with no meta kernel to ask (autograd detaches each gradient
     it accumulates)."""
     source = args[0]
-    return _views_of(func, source, source._spec[:4])
+    return _views_of(func, source, source._spec)
 
 
 def _views_of(func, source, specs):
@@ -85,8 +87,8 @@ def _views_of(func, source, specs):
 
 def _wrap_views(storage, specs):
     if isinstance(specs, list):
-        return [wrap(storage, *spec) for spec in specs]
-    return wrap(storage, *specs)
+        return [view_of(storage, spec) for spec in specs]
+    return view_of(storage, specs)
 
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)

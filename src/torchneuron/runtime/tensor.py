@@ -169,10 +169,15 @@ def bind_dispatch(dispatch) -> None:
 def wrap(storage: Storage, shape, stride, offset: int, dtype: torch.dtype, versions_of=None) -> NeuronTensor:
     """A neuron tensor viewing `storage`: the only constructor (the class is never called directly). Given
     `versions_of`, a tensor of the same storage, it counts versions with that one, as a detached view does."""
-    shape, stride = tuple(shape), tuple(stride)
-    tensor = native.new_tensor(NeuronTensor, storage, shape, stride, offset, dtype, versions_of)
+    return view_of(storage, (tuple(shape), tuple(stride), offset, dtype, storage.device_index), versions_of)
+
+
+def view_of(storage: Storage, spec: tuple, versions_of=None) -> NeuronTensor:
+    """`wrap` given the tensor's `_spec` (shape, stride, offset, dtype, device index), which it keeps: views and
+    detaches share their cached or source's spec, a tuple fewer for Python's garbage collector to count per op."""
+    tensor = native.new_tensor(NeuronTensor, storage, spec[0], spec[1], spec[2], spec[3], versions_of)
     tensor._storage = storage
-    tensor._spec = (shape, stride, offset, dtype, storage.device_index)
+    tensor._spec = spec
     return tensor
 
 
