@@ -15,8 +15,10 @@ if os.environ.get("TORCHNEURON_CACHE_DIR", "") == os.environ.get("_TORCHNEURON_T
         prefix="torchneuron-tests-")
     atexit.register(shutil.rmtree, os.environ["TORCHNEURON_CACHE_DIR"], True)
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache as jax_cache  # noqa: E402
 
 import torchneuron  # noqa: F401  (also autoloaded by `import torch`; importing keeps tests explicit)
 from torchneuron.runtime.program import wait_for_compiles  # noqa: E402
@@ -53,6 +55,25 @@ def pytest_collection_modifyitems(config, items):
             release, why = SKIPPED_ON_OLDER_PYTORCH.get(key, ((0, 0), None))
             if _TORCH_RELEASE < release:
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture
+def own_disk_cache(tmp_path, monkeypatch):
+    """A disk cache of the test's own for our executables and for JAX's, and an empty eager cache. A program
+    another test compiled would be a hit in the suite's JAX cache, and our store skips what JAX loaded
+    (compilation_cache.compile_and_store): which programs a test found on disk depended on the tests before it."""
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
+    suite_jax_cache = jax.config.jax_compilation_cache_dir
+    _use_jax_cache(str(tmp_path / "jax"))
+    torch.neuron.clear_executable_cache()
+    yield tmp_path
+    torch.neuron.clear_executable_cache()
+    _use_jax_cache(suite_jax_cache)
+
+
+def _use_jax_cache(directory) -> None:
+    jax_cache.set_cache_dir(directory)
+    jax_cache.reset_cache()  # JAX opens its cache once, at the first compile after a reset
 
 
 @pytest.fixture(autouse=True)

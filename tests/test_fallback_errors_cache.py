@@ -217,15 +217,6 @@ def _op_programs_on_disk(directory) -> list:
     return list(directory.glob("ops/*/*.xla"))
 
 
-@pytest.fixture
-def own_disk_cache(tmp_path, monkeypatch):
-    """A disk cache of the test's own for our executables (JAX's stays the suite's), and an empty eager cache."""
-    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
-    torch.neuron.clear_executable_cache()
-    yield tmp_path
-    torch.neuron.clear_executable_cache()
-
-
 def test_eager_programs_found_on_disk_are_neither_traced_nor_lowered(own_disk_cache, monkeypatch):
     """A process finds the op programs another stored (the executable cache dropped here stands for a new process):
     they run as compiled, with their device-side checks."""
