@@ -24,8 +24,11 @@ def launched(device_index: int, array) -> None:
     last[device_index] = array
 
 
-def _pending(device_index: int, device) -> list:
-    arrays = [a for a in jax.live_arrays() if device in a.devices()]
+def _pending(device_index: int, device, this_device_only: bool) -> list:
+    backend = device.client
+    arrays = backend.live_arrays()
+    if this_device_only and backend.local_device_count() > 1:
+        arrays = [a for a in arrays if device in a.devices()]
     newest = last.get(device_index)
     if newest is not None and not newest.is_deleted():
         arrays.append(newest)
@@ -33,12 +36,14 @@ def _pending(device_index: int, device) -> list:
 
 
 def wait(device_index: int, device) -> None:
-    jax.block_until_ready(_pending(device_index, device))
+    # waits for the other devices' arrays too: asking each array its devices cost more than the wait (a
+    # synchronize of an optimizer step's 270 arrays took 0.5 ms), and an idle device's arrays are ready
+    jax.block_until_ready(_pending(device_index, device, this_device_only=False))
     last.pop(device_index, None)
 
 
 def ready(device_index: int, device) -> bool:
-    return all(a.is_ready() for a in _pending(device_index, device))
+    return all(a.is_ready() for a in _pending(device_index, device, this_device_only=True))
 
 
 # torch.neuron.set_sync_debug_mode: 0 quiet, 1 warn, 2 raise
