@@ -420,9 +420,9 @@ def _output_strides(dense_layout, shape) -> tuple:
     return tuple(strides)
 
 
-def _output_specs(array_outputs) -> list:
+def _output_specs(array_outputs, device_index: int) -> list:
     """(position, view spec) of each array output, built once: outputs are made at every call."""
-    return [(j, (tuple(shape), stride, 0, dtype)) for j, shape, stride, dtype in array_outputs]
+    return [(j, (tuple(shape), tuple(stride), 0, dtype, device_index)) for j, shape, stride, dtype in array_outputs]
 
 
 _ALIAS = torch.ops.aten.detach.default
@@ -505,7 +505,7 @@ class _Program:
             counters["xla_compiles"] += 1
             self.executable = self.compiled = self.program.over_mesh(self.mesh, avals)
             self.constants, self.check_errors = constants, check_errors
-            self.output_specs = _output_specs(array_outputs)
+            self.output_specs = _output_specs(array_outputs, self.device_index)
             self.views = _sized(views, constants)
             return
 
@@ -526,7 +526,7 @@ class _Program:
         self.compiled = self.executable
         if stored_at is not None:
             self.compiled = functools.partial(self._first_run_from_disk, stored_at, lambda: compile(None))
-        self.output_specs = _output_specs(array_outputs)
+        self.output_specs = _output_specs(array_outputs, self.device_index)
         self.views = _sized(views, self.constants)
 
     @property
@@ -568,7 +568,7 @@ class _Program:
         for j, value in self.constants.items():
             outputs[j] = value
         for (j, spec), array in zip(self.output_specs, results[n_written:]):
-            outputs[j] = new_tensor(array, spec, self.device_index)
+            outputs[j] = new_tensor(array, spec)
         for j, ((kind, index), chain) in self.views.items():
             view = args[index] if kind == "input" else outputs[index]
             saved_spec = self.saved_view_specs.get(j)

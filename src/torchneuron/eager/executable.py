@@ -234,8 +234,10 @@ class Executable:
         self._compiling = None  # the Future of its compile, started ahead of its first run
         self.argument_storages = self.program.argument_storages
         self.mutated_storages = self.program.written_storages
+        # the new tensors' specs, shared by every run's outputs
+        self.output_specs = [spec + (self.device_index,) for spec in fresh_specs]
         # the common case, one new tensor and nothing resized: built directly
-        self.single_output = fresh_specs[0] if self.plan == ("new", 0) and not resized else None
+        self.single_output = self.output_specs[0] if self.plan == ("new", 0) and not resized else None
         self.compiled = self._compile_and_run
         self._first_run = threading.Lock()
         self.ran = False
@@ -492,8 +494,8 @@ class Executable:
             pending_checks.add(device_index, self.op, results[-n_checks:], self.check_errors)
             results = results[:-n_checks]
         if self.single_output is not None:
-            return new_tensor(results[0], self.single_output, device_index)
-        fresh = [new_tensor(buf, spec, device_index) for buf, spec in zip(results, self.fresh_specs)]
+            return new_tensor(results[0], self.single_output)
+        fresh = [new_tensor(buf, spec) for buf, spec in zip(results, self.output_specs)]
         for i, buf, spec in zip(self.resized, results[len(self.fresh_specs) :], self.new_specs):
             _resize_to(tensors[i], buf, spec, device_index)
         return _build_output(self.plan, tensors, fresh)
@@ -508,7 +510,7 @@ def _resize_to(tensor, buffer, spec, device_index: int) -> None:
         views.reset_view(tensor, Storage(buffer.shape[0], spec[3], device_index, buffer), spec)
         return
     views.resize_in_storage(tensor, spec)
-    tensor.copy_(new_tensor(buffer, spec, device_index))
+    tensor.copy_(new_tensor(buffer, spec + (device_index,)))
 
 
 # the abstract raw key a random op's program takes (rng.next_key's result)

@@ -181,16 +181,16 @@ def view_of(storage: Storage, spec: tuple, versions_of=None) -> NeuronTensor:
     return tensor
 
 
-def new_tensor(flat, spec, device_index: int) -> NeuronTensor:
-    """A tensor with view `spec` (shape, stride, offset, dtype) of a new Storage holding the flat buffer."""
-    shape, stride, offset, dtype = spec
-    return wrap(Storage(flat.shape[0], dtype, device_index, flat), shape, stride, offset, dtype)
+def new_tensor(flat, spec) -> NeuronTensor:
+    """A tensor with view `spec` (its `_spec`: shape, stride, offset, dtype, device index, kept as given) of a new
+    Storage holding the flat buffer."""
+    return view_of(Storage(flat.shape[0], spec[3], spec[4], flat), spec)
 
 
 def wrap_buffer(flat, shape, dtype, device_index: int) -> NeuronTensor:
     """A new contiguous tensor of `shape` and `dtype` owning the flat device buffer `flat`."""
     shape = tuple(shape)
-    return new_tensor(flat, (shape, contiguous_strides(shape), 0, dtype), device_index)
+    return new_tensor(flat, (shape, contiguous_strides(shape), 0, dtype, device_index))
 
 
 def new_storage_for(shape, stride, dtype, device_index, buffer=None) -> Storage:
