@@ -75,9 +75,8 @@ def test_compile_events_say_cache_miss_and_name_the_op(traced_step):
     assert all(e["args"]["cache"] == "hit" for e in _cpu_events(trace, "neuron::launch"))
 
 
-def test_an_executable_loaded_from_the_disk_cache_is_a_disk_hit(own_disk_cache):
+def test_an_executable_loaded_from_the_disk_cache_is_a_disk_hit(own_disk_cache, tmp_path):
     """An eager op's first run loads its executable where a process before stored it: not a compile."""
-    tmp_path = own_disk_cache
     x = torch.ones(3, 7, device="neuron")
     for expected in ("miss", "disk hit"):
         torch.neuron.clear_executable_cache()  # as a new process would start

@@ -34,12 +34,13 @@ def meta_like(t: NeuronTensor) -> torch.Tensor:
 
 def _check_in_storage(spec, storage) -> None:
     """Meta storages are not bounds-checked: as_strided beyond the storage raises the CPU's error here."""
-    shape, stride, offset, dtype = spec
+    shape, stride, offset, dtype = spec[:4]
     check_in_storage(shape, stride, offset, dtype.itemsize, storage.nbytes)
 
 
-def _spec_of(out: torch.Tensor):
-    return (tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype)
+def _spec_of(out: torch.Tensor, device_index: int) -> tuple:
+    """The `_spec` of a view with `out`'s metadata, of a storage on device `device_index`."""
+    return (tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype, device_index)
 
 
 def view(func, args, kwargs):
@@ -53,11 +54,11 @@ def view(func, args, kwargs):
         metas = [meta_like(t) if isinstance(t, NeuronTensor) else t for t in tensors]
         out = func(*fill(targs, metas, scalars), **{k: fill(v, metas, scalars) for k, v in tkwargs})
         device_index = source._spec[4]
-        specs = ([_spec_of(o) + (device_index,) for o in out] if isinstance(out, (list, tuple))
-                 else _spec_of(out) + (device_index,))
+        specs = ([_spec_of(o, device_index) for o in out] if isinstance(out, (list, tuple))
+                 else _spec_of(out, device_index))
         for spec in specs if isinstance(specs, list) else [specs]:
             check_supported(spec[3])  # view(dtype) reinterprets the storage's bytes
-            _check_in_storage(spec[:4], source._storage)
+            _check_in_storage(spec, source._storage)
         _view_cache.put(key, specs)
     return _views_of(func, source, specs)
 
@@ -123,9 +124,9 @@ def inplace_view(func, args, kwargs):
         return tensor
     meta = meta_like(tensor)
     func(meta, *args[1:], **kwargs)
-    spec = _spec_of(meta)
+    spec = _spec_of(meta, tensor._spec[4])
     _check_in_storage(spec, tensor._storage)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
         torch.ops.aten.as_strided_.default(tensor, spec[0], spec[1], spec[2])
-    tensor._spec = spec + (tensor._spec[4],)
+    tensor._spec = spec
     return tensor
