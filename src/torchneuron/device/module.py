@@ -137,6 +137,28 @@ def adaptive_eager_stats() -> dict:
     return _adaptive().stats()
 
 
+def set_host_first_sightings(enabled: bool) -> None:
+    """Run the first sighting of a small integer op's signature on the CPU, compiling it when it recurs
+    (see torchneuron/eager/first_sightings.py); on by default."""
+    _first_sightings().set_enabled(enabled)
+
+
+def host_first_sightings(enabled: bool = True):
+    """A context manager turning host first sightings on (or off) within it."""
+    return _first_sightings().enabled_within(enabled)
+
+
+def host_first_sightings_report() -> dict:
+    """Per op, its first sightings run on the CPU since start."""
+    return dict(_first_sightings().counts.most_common())
+
+
+def _first_sightings():
+    from ..eager import first_sightings
+
+    return first_sightings
+
+
 # --- streams and events --------------------------------------------------------
 
 # --- random numbers ------------------------------------------------------------

@@ -24,12 +24,22 @@ def row_major_storage(tensor: NeuronTensor) -> Storage:
     return tensor._storage
 
 
+# a view of a storage this small is read by copying the whole storage and taking the view on the host, where a
+# larger one is first gathered on the device (a program for each new view: `x[-1].item()` in a loop)
+_READ_WHOLE_BYTES = 1 << 17
+
+
 def to_host(tensor: NeuronTensor) -> torch.Tensor:
     """A new contiguous CPU tensor holding a neuron tensor's values (a synchronisation point)."""
     pending_checks.raise_failures(tensor.device.index)
-    dtype = tensor.dtype
+    shape, stride, offset, dtype, _ = tensor._spec
+    storage = tensor._storage
+    if dtype == storage.dtype and storage.numel * dtype.itemsize <= _READ_WHOLE_BYTES and not is_whole_storage(tensor):
+        adaptive.refuse_while_capturing("reading a tensor's values")
+        host = read_buffers([storage], lambda buffers: transfer.device_to_host(buffers[0], dtype))
+        return host.as_strided(shape, stride, offset).clone()
     host = read_buffers([row_major_storage(tensor)], lambda buffers: transfer.device_to_host(buffers[0], dtype))
-    return host.reshape(tensor.shape)
+    return host.reshape(shape)
 
 
 def is_whole_storage(t: NeuronTensor) -> bool:

@@ -1,0 +1,133 @@
+"""Small integer ops run on the host at their first sightings, compiled when they keep recurring
+(eager/first_sightings.py)."""
+import pytest
+import torch
+
+from torchneuron.eager import first_sightings
+from torchneuron.runtime.cache import eager_cache
+
+aten = torch.ops.aten
+
+# a host run is not a fallback: none may warn
+pytestmark = pytest.mark.filterwarnings("error")
+
+
+def _programs(op) -> int:
+    return sum(1 for key in eager_cache.entries if key[0] is op)
+
+
+@pytest.fixture(autouse=True)
+def on_and_fresh(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
+    eager_cache.clear()
+    first_sightings._sighted.clear()
+    with torch.neuron.host_first_sightings(True):
+        yield
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_an_integer_op_runs_on_the_host_twice_then_compiles(adaptive):
+    cpu_a, cpu_b = torch.arange(12).view(3, 4), torch.full((3, 4), 5)
+    a, b = cpu_a.to("neuron"), cpu_b.to("neuron")
+    before = torch.neuron.host_first_sightings_report().get("aten.mul.Tensor", 0)
+    with torch.neuron.adaptive_eager(adaptive):
+        for sighting in range(1, 5):
+            result = a * b
+            assert result.device == a.device
+            torch.testing.assert_close(result.cpu(), cpu_a * cpu_b, rtol=0, atol=0)
+            assert _programs(aten.mul.Tensor) == (sighting > first_sightings.HOST_RUNS)
+    assert torch.neuron.host_first_sightings_report()["aten.mul.Tensor"] - before == first_sightings.HOST_RUNS
+
+
+def test_a_growing_sequence_compiles_nothing_for_its_bookkeeping():
+    """generate()'s pattern: two int64 tensors grow by one at each token, and the ops reading them are new
+    signatures at every token."""
+    cpu_ids, cpu_positions = torch.tensor([[3, 1, 4, 1, 5]]), torch.arange(5)[None]
+    ids, positions = cpu_ids.to("neuron"), cpu_positions.to("neuron")
+    stop = torch.tensor([9, 2])
+    for _ in range(6):
+        token = (ids[:, -1:] * 7 + 3) % 10
+        ids = torch.cat([ids, token], dim=-1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=-1)
+        done = torch.isin(ids[:, -1], stop.to("neuron")).any().item()
+        cpu_token = (cpu_ids[:, -1:] * 7 + 3) % 10
+        cpu_ids = torch.cat([cpu_ids, cpu_token], dim=-1)
+        cpu_positions = torch.cat([cpu_positions, cpu_positions[:, -1:] + 1], dim=-1)
+        assert done == torch.isin(cpu_ids[:, -1], stop).any().item()
+    torch.testing.assert_close(ids.cpu(), cpu_ids, rtol=0, atol=0)
+    torch.testing.assert_close(positions.cpu(), cpu_positions, rtol=0, atol=0)
+    assert _programs(aten.cat.default) == _programs(aten.isin.Tensor_Tensor) == 0
+
+
+def test_float_and_large_integer_ops_compile_at_their_first_sighting():
+    small_float = torch.ones(4, 4, device="neuron")
+    large_int = torch.ones(first_sightings.MAX_ELEMENTS + 1, dtype=torch.int32, device="neuron")
+    small_float.sub(1)
+    large_int.sub(1)
+    assert _programs(aten.sub.Tensor) == 2
+
+
+def test_off_by_the_context_manager_and_the_setter():
+    a = torch.arange(6, device="neuron")
+    with torch.neuron.host_first_sightings(False):
+        a.neg()
+    assert _programs(aten.neg.default) == 1
+    torch.neuron.set_host_first_sightings(False)
+    try:
+        a.view(2, 3).neg()
+    finally:
+        torch.neuron.set_host_first_sightings(True)
+    assert _programs(aten.neg.default) == 2
+
+
+def test_an_in_place_op_on_a_view_writes_through_to_its_base():
+    cpu_base = torch.arange(12).view(3, 4)
+    base = cpu_base.to("neuron")
+    other_view = base[:, 1]
+    base[1].add_(100)
+    cpu_base[1].add_(100)
+    torch.testing.assert_close(base.cpu(), cpu_base, rtol=0, atol=0)
+    torch.testing.assert_close(other_view.cpu(), cpu_base[:, 1], rtol=0, atol=0)
+    assert _programs(aten.add_.Tensor) == 0
+
+
+def test_what_the_cpu_refuses_runs_on_the_device():
+    """histc of ints has no CPU kernel (CUDA's and neuron's take it); an assertion on the device raises at
+    synchronisation, where the CPU's raises at once."""
+    values = torch.tensor([0, 1, 1, 3, 7, 9], dtype=torch.int32)
+    counts = torch.histc(values.to("neuron"), bins=5, min=0, max=10)
+    torch.testing.assert_close(counts.cpu(), torch.histc(values.float(), bins=5, min=0, max=10).int(), rtol=0,
+                               atol=0)
+    assert _programs(aten.histc.default) == 1
+    torch._assert_async(torch.tensor(False, device="neuron"), "checked on the device")
+    with pytest.raises(RuntimeError, match="checked on the device"):
+        torch.neuron.synchronize()
+
+
+def test_a_captured_integer_op_is_compiled_into_the_graph():
+    counter = torch.zeros(4, dtype=torch.int64, device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        counter.add_(1)
+    for _ in range(3):
+        graph.replay()
+    # capturing runs nothing, as CUDA's does; each replay adds one
+    assert counter.cpu().tolist() == [3] * 4
+
+
+def test_not_under_sync_debug_mode():
+    a = torch.arange(5, device="neuron")
+    torch.neuron.set_sync_debug_mode("error")
+    try:
+        b = a + 1
+    finally:
+        torch.neuron.set_sync_debug_mode(0)
+    assert b.cpu().tolist() == [1, 2, 3, 4, 5]
+    assert _programs(aten.add.Tensor) == 1
+
+
+def test_reading_views_of_a_small_storage_compiles_nothing():
+    values = torch.arange(0.0, 50.0, device="neuron")
+    assert [values[i].item() for i in range(0, 50, 7)] == list(range(0, 50, 7))
+    assert values[::3].cpu().tolist() == list(range(0, 50, 3))
+    assert _programs(aten.clone.default) == 0
