@@ -1,4 +1,4 @@
-"""Small integer ops run on the host at their first sightings, compiled when they keep recurring
+"""Small integer ops whose shapes keep changing run on the host, until a shape of theirs recurs
 (eager/first_sightings.py)."""
 import pytest
 import torch
@@ -21,21 +21,24 @@ def on_and_fresh(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
     eager_cache.clear()
     first_sightings._sighted.clear()
+    first_sightings._first_shapes.clear()
     with torch.neuron.host_first_sightings(True):
         yield
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_an_integer_op_runs_on_the_host_twice_then_compiles(adaptive):
-    cpu_a, cpu_b = torch.arange(12).view(3, 4), torch.full((3, 4), 5)
-    a, b = cpu_a.to("neuron"), cpu_b.to("neuron")
+def test_an_integer_op_whose_shapes_change_runs_on_the_host_twice_then_compiles(adaptive):
     before = torch.neuron.host_first_sightings_report().get("aten.mul.Tensor", 0)
     with torch.neuron.adaptive_eager(adaptive):
-        for sighting in range(1, 5):
-            result = a * b
-            assert result.device == a.device
-            torch.testing.assert_close(result.cpu(), cpu_a * cpu_b, rtol=0, atol=0)
-            assert _programs(aten.mul.Tensor) == (sighting > first_sightings.HOST_RUNS)
+        for length, sightings, host_runs in ((4, 3, 0), (5, 4, first_sightings.HOST_RUNS)):
+            cpu_a, cpu_b = torch.arange(3 * length).view(3, length), torch.full((3, length), 5)
+            a, b = cpu_a.to("neuron"), cpu_b.to("neuron")
+            for sighting in range(1, sightings + 1):
+                result = a * b
+                assert result.device == a.device
+                torch.testing.assert_close(result.cpu(), cpu_a * cpu_b, rtol=0, atol=0)
+                # the first shape compiles at once, as every op's; the next runs on the host at first
+                assert _programs(aten.mul.Tensor) == 1 + (length == 5 and sighting > host_runs)
     assert torch.neuron.host_first_sightings_report()["aten.mul.Tensor"] - before == first_sightings.HOST_RUNS
 
 
@@ -56,55 +59,59 @@ def test_a_growing_sequence_compiles_nothing_for_its_bookkeeping():
         assert done == torch.isin(cpu_ids[:, -1], stop).any().item()
     torch.testing.assert_close(ids.cpu(), cpu_ids, rtol=0, atol=0)
     torch.testing.assert_close(positions.cpu(), cpu_positions, rtol=0, atol=0)
-    assert _programs(aten.cat.default) == _programs(aten.isin.Tensor_Tensor) == 0
+    # the first token's, then none
+    assert _programs(aten.cat.default) == _programs(aten.isin.Tensor_Tensor) == 1
 
 
-def test_float_and_large_integer_ops_compile_at_their_first_sighting():
-    small_float = torch.ones(4, 4, device="neuron")
-    large_int = torch.ones(first_sightings.MAX_ELEMENTS + 1, dtype=torch.int32, device="neuron")
-    small_float.sub(1)
-    large_int.sub(1)
-    assert _programs(aten.sub.Tensor) == 2
+def test_float_and_large_integer_ops_compile_whatever_their_shapes():
+    for length in (4, 5):
+        torch.ones(length, length, device="neuron").sub(1)
+        torch.ones(first_sightings.MAX_ELEMENTS + length, dtype=torch.int32, device="neuron").sub(1)
+    assert _programs(aten.sub.Tensor) == 4
 
 
 def test_off_by_the_context_manager_and_the_setter():
-    a = torch.arange(6, device="neuron")
+    torch.arange(7, device="neuron").neg()
     with torch.neuron.host_first_sightings(False):
-        a.neg()
-    assert _programs(aten.neg.default) == 1
+        torch.arange(6, device="neuron").neg()
+    assert _programs(aten.neg.default) == 2
     torch.neuron.set_host_first_sightings(False)
     try:
-        a.view(2, 3).neg()
+        torch.arange(5, device="neuron").neg()
     finally:
         torch.neuron.set_host_first_sightings(True)
-    assert _programs(aten.neg.default) == 2
+    assert _programs(aten.neg.default) == 3
 
 
 def test_an_in_place_op_on_a_view_writes_through_to_its_base():
     cpu_base = torch.arange(12).view(3, 4)
     base = cpu_base.to("neuron")
     other_view = base[:, 1]
-    base[1].add_(100)
-    cpu_base[1].add_(100)
+    for row in (1, slice(1, 3)):  # a view of one shape, then of another
+        base[row].add_(100)
+        cpu_base[row].add_(100)
     torch.testing.assert_close(base.cpu(), cpu_base, rtol=0, atol=0)
     torch.testing.assert_close(other_view.cpu(), cpu_base[:, 1], rtol=0, atol=0)
-    assert _programs(aten.add_.Tensor) == 0
+    assert _programs(aten.add_.Tensor) == 1
 
 
 def test_what_the_cpu_refuses_runs_on_the_device():
     """histc of ints has no CPU kernel (CUDA's and neuron's take it); an assertion on the device raises at
     synchronisation, where the CPU's raises at once."""
-    values = torch.tensor([0, 1, 1, 3, 7, 9], dtype=torch.int32)
-    counts = torch.histc(values.to("neuron"), bins=5, min=0, max=10)
-    torch.testing.assert_close(counts.cpu(), torch.histc(values.float(), bins=5, min=0, max=10).int(), rtol=0,
-                               atol=0)
-    assert _programs(aten.histc.default) == 1
-    torch._assert_async(torch.tensor(False, device="neuron"), "checked on the device")
-    with pytest.raises(RuntimeError, match="checked on the device"):
-        torch.neuron.synchronize()
+    for length in (5, 6):
+        values = torch.tensor([0, 1, 1, 3, 7, 9][:length], dtype=torch.int32)
+        counts = torch.histc(values.to("neuron"), bins=5, min=0, max=10)
+        torch.testing.assert_close(counts.cpu(), torch.histc(values.float(), bins=5, min=0, max=10).int(), rtol=0,
+                                   atol=0)
+    assert _programs(aten.histc.default) == 2
+    for length in (1, 2):
+        torch._assert_async(torch.zeros(length, dtype=torch.bool, device="neuron").all(), "checked on the device")
+        with pytest.raises(RuntimeError, match="checked on the device"):
+            torch.neuron.synchronize()
 
 
 def test_a_captured_integer_op_is_compiled_into_the_graph():
+    torch.zeros(5, dtype=torch.int64, device="neuron").add_(1)
     counter = torch.zeros(4, dtype=torch.int64, device="neuron")
     graph = torch.neuron.NeuronGraph()
     with torch.neuron.graph(graph):
@@ -116,6 +123,7 @@ def test_a_captured_integer_op_is_compiled_into_the_graph():
 
 
 def test_not_under_sync_debug_mode():
+    torch.arange(6, device="neuron").add(1)
     a = torch.arange(5, device="neuron")
     torch.neuron.set_sync_debug_mode("error")
     try:
@@ -123,7 +131,7 @@ def test_not_under_sync_debug_mode():
     finally:
         torch.neuron.set_sync_debug_mode(0)
     assert b.cpu().tolist() == [1, 2, 3, 4, 5]
-    assert _programs(aten.add.Tensor) == 1
+    assert _programs(aten.add.Tensor) == 2
 
 
 def test_reading_views_of_a_small_storage_compiles_nothing():

@@ -195,10 +195,9 @@ def test_data_dependent_results_compile_per_input_shape_not_per_length(fn, lengt
     masks = [torch.randperm(length) < int(length * share) for share in (0.27, 0.37, 0.44, 0.4998)]
     expected = [fn(x, mask) for mask in masks]
     on_neuron = x.to("neuron")
-    # compiles (and cuts to half); six times: the first two sightings of ops on small integer tensors run on the
-    # host (eager/first_sightings.py), then four, the runs adaptive eager takes to settle on one fused program
+    # compiles (and cuts to half); four times, the runs adaptive eager takes to settle on one fused program
     # for the ops around it (compiled ahead at the structure's second sighting, run from its third)
-    results = [fn(on_neuron, masks[0].to("neuron")) for _ in range(6)][5:]
+    results = [fn(on_neuron, masks[0].to("neuron")) for _ in range(4)][3:]
     with jax_compile_events() as compiles:
         results += [fn(on_neuron, mask.to("neuron")) for mask in masks[1:]]
     assert compiles == []

@@ -138,7 +138,7 @@ def adaptive_eager_stats() -> dict:
 
 
 def set_host_first_sightings(enabled: bool) -> None:
-    """Run the first sighting of a small integer op's signature on the CPU, compiling it when it recurs
+    """Run a small integer op whose shapes keep changing on the CPU, compiling a shape of it when it recurs
     (see torchneuron/eager/first_sightings.py); on by default."""
     _first_sightings().set_enabled(enabled)
 
@@ -149,7 +149,7 @@ def host_first_sightings(enabled: bool = True):
 
 
 def host_first_sightings_report() -> dict:
-    """Per op, its first sightings run on the CPU since start."""
+    """Per op, its runs on the CPU as a new shape (`set_host_first_sightings`) since start."""
     return dict(_first_sightings().counts.most_common())
 
 

@@ -82,8 +82,8 @@ class Compute:
                 anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
                 entry = anywhere and eager_cache.get(anywhere)
                 if entry is None:
-                    on_host = first_sightings.run(self.rule, anywhere or key, views, adaptive.current(), func, args,
-                                                  kwargs)
+                    on_host = first_sightings.run(self.rule, key, anywhere or key, views, adaptive.current(), func,
+                                                  args, kwargs)
                     if on_host is not first_sightings.NOT_RUN:
                         return on_host
                     entry = Executable(self, key, anywhere, targs, tkwargs, tensors, [v[1] for v in views],

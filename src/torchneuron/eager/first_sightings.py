@@ -1,14 +1,16 @@
-"""Small integer ops run on the host at their first sightings, compiled when their signature keeps recurring.
+"""Small integer ops whose shapes keep changing run on the host, until a shape of theirs recurs.
 
 An XLA device compiles a program for each new signature (50-200 ms on XLA:CPU), and a signature that never
-comes back pays that for one run. Hugging Face's generate() is made of them: the sequence's int64 tensor grows
-by one token at each step, so the few ops on it (cat, isin, clone, add) are new signatures at every token, four
+comes back pays that for one run. Hugging Face's generate() is made of them: the sequence's int64 tensors grow
+by one token at each step, so the few ops on them (cat, isin, clone, add) are new signatures at every token, four
 compiles a token with the static cache. Such ops are cheap on the host and exact there (integer and bool values
-are the same on any device), so the first sightings of a signature whose tensors are all small integer or bool
-ones run on the CPU (PyTorch's own kernel, its inputs read from the device, its outputs put back, as a
-fallback's), and only a signature seen more often is compiled. Two host runs, not one: such bookkeeping often
-runs each op twice a step on tensors of one shape (generate()'s input_ids and position_ids grow together). Not
-counted as a fallback: the op has a lowering, which runs from the third sighting on.
+are the same on any device). So where a signature is new, its tensors are all small integer or bool ones, and
+the op was seen before with the same arguments but for its tensors' shapes (its "shapes change"), PyTorch's CPU
+kernel runs it (its inputs read from the device, its outputs put back, as a fallback's); only a signature seen a
+third time is compiled. Two host runs, not one: such bookkeeping often runs an op twice a step on tensors of one
+shape (generate()'s input_ids and position_ids grow together). An op's first shape compiles at once, as every
+op's does, so a training loop's fixed shapes fuse from its third step as before. Not counted as a fallback: the
+op has a lowering.
 
 `TORCHNEURON_HOST_FIRST_SIGHTINGS=0` or `torch.neuron.host_first_sightings(False)` turns it off (the OpInfo sweep
 does, to test each lowering at its first sighting). It never applies while a graph is captured, nor under
@@ -36,6 +38,8 @@ counts = collections.Counter()  # op name -> its first sightings run on the host
 
 _sighted = collections.Counter()  # signatures run on the host -> how often
 
+_first_shapes = {}  # an op's signature without its tensors' shapes -> the first signature it was seen with
+
 _this_thread = threading.local()
 
 
@@ -58,13 +62,22 @@ def enabled_within(on: bool = True):
 NOT_RUN = object()
 
 
-def run(rule, signature, views, queue, func, args, kwargs):
-    """The op's results from the CPU, if this run of `rule`'s op, of the new `signature` whose tensors' views are
-    `views` (program.storage_views), is one of its first sightings and small and integer enough, and the CPU
-    takes it; else NOT_RUN."""
+def run(rule, key, signature, views, queue, func, args, kwargs):
+    """The op's results from the CPU, if this run of `rule`'s op, of the new signature `signature` (`key`, or the
+    same with offsets as arguments) whose tensors' views are `views` (program.storage_views), is small and
+    integer enough, its shapes change, it has not run on the host twice yet, and the CPU takes it; else NOT_RUN."""
     if not enabled or not views or rule.random or rule.checked_outputs or queue.capture is not None or sync.debug_mode:
         return NOT_RUN
     if sum(v[2] for v in views) > MAX_ELEMENTS or not all(_exact(v[0][3]) and _exact(v[3]) for v in views):
+        return NOT_RUN
+    # the signature but for its views' shapes, strides, offsets and storage sizes (eager.executable's key)
+    shapeless = (key[:3], tuple((v[0][3], v[1], v[3]) for v in views), key[4:])
+    first = _first_shapes.get(shapeless)
+    if first is None:
+        if len(_first_shapes) >= eager_cache.capacity:
+            _first_shapes.clear()
+        _first_shapes[shapeless] = signature
+    if first is None or first == signature:
         return NOT_RUN
     if getattr(_this_thread, "on_host", False):
         return NOT_RUN  # the host run's own device ops: writing its results back through a view is a copy_
