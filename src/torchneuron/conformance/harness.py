@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torchneuron  # noqa: F401
-from torchneuron.eager import fallback, first_sightings
+from torchneuron.eager import fallback, host_bookkeeping
 
 DTYPES = (
     torch.float32,
@@ -153,8 +153,8 @@ class _time_limit:
 def _run(op, check, dtype, fn, limit) -> Result:
     name = dtype_name(dtype) if dtype is not None else "-"
     try:
-        # each sample's lowering tested at its first sighting, which would otherwise run a small integer op on the CPU
-        with fallback.as_error(), first_sightings.enabled_within(False):
+        # each sample's lowering tested, where a small integer op of a new shape would run on the CPU
+        with fallback.as_error(), host_bookkeeping.enabled_within(False):
             note = fn(op, dtype, limit)
     except _Timeout:
         raise

@@ -137,26 +137,26 @@ def adaptive_eager_stats() -> dict:
     return _adaptive().stats()
 
 
-def set_host_first_sightings(enabled: bool) -> None:
+def set_host_bookkeeping(enabled: bool) -> None:
     """Run a small integer op whose shapes keep changing on the CPU, compiling a shape of it when it recurs
-    (see torchneuron/eager/first_sightings.py); on by default."""
-    _first_sightings().set_enabled(enabled)
+    (see torchneuron/eager/host_bookkeeping.py); on by default."""
+    _host_bookkeeping().set_enabled(enabled)
 
 
-def host_first_sightings(enabled: bool = True):
-    """A context manager turning host first sightings on (or off) within it."""
-    return _first_sightings().enabled_within(enabled)
+def host_bookkeeping(enabled: bool = True):
+    """A context manager turning host bookkeeping on (or off) within it."""
+    return _host_bookkeeping().enabled_within(enabled)
 
 
-def host_first_sightings_report() -> dict:
-    """Per op, its runs on the CPU as a new shape (`set_host_first_sightings`) since start."""
-    return dict(_first_sightings().counts.most_common())
+def host_bookkeeping_report() -> dict:
+    """Per op, its runs on the CPU as a new shape (`set_host_bookkeeping`) since start."""
+    return dict(_host_bookkeeping().counts.most_common())
 
 
-def _first_sightings():
-    from ..eager import first_sightings
+def _host_bookkeeping():
+    from ..eager import host_bookkeeping
 
-    return first_sightings
+    return host_bookkeeping
 
 
 # --- streams and events --------------------------------------------------------

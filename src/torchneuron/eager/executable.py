@@ -24,7 +24,7 @@ from ..runtime.program import StorageProgram, compile_ahead, fast_call, float32_
 from ..runtime.storage import Storage
 from ..runtime.tensor import NeuronTensor, new_tensor
 from ..runtime.transfer import device_scalars
-from . import adaptive, cpu_dtypes, fallback, first_sightings, out_dtypes, transfers, views
+from . import adaptive, cpu_dtypes, fallback, host_bookkeeping, out_dtypes, transfers, views
 from .arguments import TENSOR_SLOTS, fill, generator_of, template
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -82,9 +82,9 @@ class Compute:
                 anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
                 entry = anywhere and eager_cache.get(anywhere)
                 if entry is None:
-                    on_host = first_sightings.run(self.rule, key, anywhere or key, views, adaptive.current(), func,
+                    on_host = host_bookkeeping.run(self.rule, key, anywhere or key, views, adaptive.current(), func,
                                                   args, kwargs)
-                    if on_host is not first_sightings.NOT_RUN:
+                    if on_host is not host_bookkeeping.NOT_RUN:
                         return on_host
                     entry = Executable(self, key, anywhere, targs, tkwargs, tensors, [v[1] for v in views],
                                        storages, scalars)

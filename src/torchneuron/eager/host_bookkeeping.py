@@ -12,7 +12,7 @@ shape (generate()'s input_ids and position_ids grow together). An op's first sha
 op's does, so a training loop's fixed shapes fuse from its third step as before. Not counted as a fallback: the
 op has a lowering.
 
-`TORCHNEURON_HOST_FIRST_SIGHTINGS=0` or `torch.neuron.host_first_sightings(False)` turns it off (the OpInfo sweep
+`TORCHNEURON_HOST_BOOKKEEPING=0` or `torch.neuron.host_bookkeeping(False)` turns it off (the OpInfo sweep
 does, to test each lowering at its first sighting). It never applies while a graph is captured, nor under
 `torch.neuron.set_sync_debug_mode`, as reading the inputs waits for the device.
 """
@@ -29,12 +29,12 @@ from . import fallback
 # a compile
 MAX_ELEMENTS = 1 << 14
 
-enabled = os.environ.get("TORCHNEURON_HOST_FIRST_SIGHTINGS", "1") != "0"
+enabled = os.environ.get("TORCHNEURON_HOST_BOOKKEEPING", "1") != "0"
 
 # runs on the host a signature gets before it is compiled
 HOST_RUNS = 2
 
-counts = collections.Counter()  # op name -> its first sightings run on the host
+counts = collections.Counter()  # op name -> its runs on the host
 
 _sighted = collections.Counter()  # signatures run on the host -> how often
 

@@ -1,9 +1,9 @@
 """Small integer ops whose shapes keep changing run on the host, until a shape of theirs recurs
-(eager/first_sightings.py)."""
+(eager/host_bookkeeping.py)."""
 import pytest
 import torch
 
-from torchneuron.eager import first_sightings
+from torchneuron.eager import host_bookkeeping
 from torchneuron.runtime.cache import eager_cache
 
 aten = torch.ops.aten
@@ -20,17 +20,17 @@ def _programs(op) -> int:
 def on_and_fresh(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
     eager_cache.clear()
-    first_sightings._sighted.clear()
-    first_sightings._first_shapes.clear()
-    with torch.neuron.host_first_sightings(True):
+    host_bookkeeping._sighted.clear()
+    host_bookkeeping._first_shapes.clear()
+    with torch.neuron.host_bookkeeping(True):
         yield
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_an_integer_op_whose_shapes_change_runs_on_the_host_twice_then_compiles(adaptive):
-    before = torch.neuron.host_first_sightings_report().get("aten.mul.Tensor", 0)
+    before = torch.neuron.host_bookkeeping_report().get("aten.mul.Tensor", 0)
     with torch.neuron.adaptive_eager(adaptive):
-        for length, sightings, host_runs in ((4, 3, 0), (5, 4, first_sightings.HOST_RUNS)):
+        for length, sightings, host_runs in ((4, 3, 0), (5, 4, host_bookkeeping.HOST_RUNS)):
             cpu_a, cpu_b = torch.arange(3 * length).view(3, length), torch.full((3, length), 5)
             a, b = cpu_a.to("neuron"), cpu_b.to("neuron")
             for sighting in range(1, sightings + 1):
@@ -39,7 +39,7 @@ def test_an_integer_op_whose_shapes_change_runs_on_the_host_twice_then_compiles(
                 torch.testing.assert_close(result.cpu(), cpu_a * cpu_b, rtol=0, atol=0)
                 # the first shape compiles at once, as every op's; the next runs on the host at first
                 assert _programs(aten.mul.Tensor) == 1 + (length == 5 and sighting > host_runs)
-    assert torch.neuron.host_first_sightings_report()["aten.mul.Tensor"] - before == first_sightings.HOST_RUNS
+    assert torch.neuron.host_bookkeeping_report()["aten.mul.Tensor"] - before == host_bookkeeping.HOST_RUNS
 
 
 def test_a_growing_sequence_compiles_nothing_for_its_bookkeeping():
@@ -66,20 +66,20 @@ def test_a_growing_sequence_compiles_nothing_for_its_bookkeeping():
 def test_float_and_large_integer_ops_compile_whatever_their_shapes():
     for length in (4, 5):
         torch.ones(length, length, device="neuron").sub(1)
-        torch.ones(first_sightings.MAX_ELEMENTS + length, dtype=torch.int32, device="neuron").sub(1)
+        torch.ones(host_bookkeeping.MAX_ELEMENTS + length, dtype=torch.int32, device="neuron").sub(1)
     assert _programs(aten.sub.Tensor) == 4
 
 
 def test_off_by_the_context_manager_and_the_setter():
     torch.arange(7, device="neuron").neg()
-    with torch.neuron.host_first_sightings(False):
+    with torch.neuron.host_bookkeeping(False):
         torch.arange(6, device="neuron").neg()
     assert _programs(aten.neg.default) == 2
-    torch.neuron.set_host_first_sightings(False)
+    torch.neuron.set_host_bookkeeping(False)
     try:
         torch.arange(5, device="neuron").neg()
     finally:
-        torch.neuron.set_host_first_sightings(True)
+        torch.neuron.set_host_bookkeeping(True)
     assert _programs(aten.neg.default) == 3
 
 
