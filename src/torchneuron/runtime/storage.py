@@ -17,6 +17,7 @@ from . import events
 from .memory import accounts, check_fits
 from .dtypes import to_jax
 from .platform import jax_device
+from .transfer import put
 
 
 class Pending:
@@ -69,10 +70,10 @@ def read_buffers(storages, use):
 
 def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
     """A zero buffer for a storage read before it is written (an out= tensor from `torch.empty`): a host
-    array put on the device, a third of `jnp.zeros`'s cost, which runs an eager computation, and with no
+    array put on the device (transfer.put), a fraction of `jnp.zeros`'s cost, which runs an eager computation, and with no
     compile per size as a jitted program would have. Committed to its device: programs reading only
     uncommitted arrays run on the default device."""
-    return jax.device_put(np.zeros(numel, dtype), jax_device(device_index))
+    return put(np.zeros(numel, dtype), jax_device(device_index))
 
 
 # every live Storage, by id, for the memory snapshot
