@@ -7,6 +7,8 @@ import torch
 
 from conftest import assert_same, jax_compile_events
 from torchneuron.eager import fallback
+from torchneuron.runtime import transfer
+from torchneuron.runtime.platform import jax_device
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -254,7 +256,6 @@ def test_a_cpu_scalar_input_is_put_on_the_device_once_per_value(monkeypatch):
     """0-dim CPU tensors mixed into device ops are only ever inputs, so one device copy serves every op
     given an equal scalar; another value, sign or dtype is a copy of its own."""
     from torchneuron.profiler.collector import Collector
-    from torchneuron.runtime import transfer
 
     monkeypatch.setattr(transfer, "_scalars", {})  # the copies outlive a test: start without earlier tests'
 
@@ -281,7 +282,6 @@ def test_a_python_number_is_passed_as_itself_once_then_kept_on_the_device(monkey
     """An op's first sight of a number (an optimizer's new step size) passes it to the program as itself,
     without a device copy; from its second sight it is put on the device once and kept. Both forms run the
     one compiled program, with the CPU's results, zeros and NaNs keyed by their bits."""
-    from torchneuron.runtime import transfer
 
     monkeypatch.setattr(transfer, "_scalars", {})
     monkeypatch.setattr(transfer, "_sighted_once", {})
@@ -460,3 +460,22 @@ def test_dlpack_refuses_what_pytorch_refuses_and_complex32():
 
     moved = torch.from_dlpack(jnp.arange(3.0, dtype=jnp.float32), device="neuron")
     assert moved.device.type == "neuron" and moved.cpu().tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("device", ["neuron:0", "neuron:1"])
+def test_host_values_reach_their_device_by_either_call(monkeypatch, device):
+    """runtime/transfer.put calls jaxlib's batched_device_put, and jax.device_put where that is missing or refuses
+    its arguments (a jaxlib whose signature changed)."""
+    values = torch.arange(10, dtype=torch.int16).view(2, 5)
+    assert_same(values.to(device), values)
+    assert values.to(device)._storage.buffer.devices() == {jax_device(torch.device(device).index)}
+    assert torch.empty(3, device=device).add_(2).cpu().tolist() == [2.0] * 3
+
+    def changed_signature(*args):
+        raise TypeError("batched_device_put(): incompatible function arguments")
+
+    monkeypatch.setattr(transfer, "_batched_device_put", changed_signature)
+    on_device = values.to(device)
+    assert on_device.device == torch.device(device)
+    assert_same(on_device, values)
+    assert transfer._batched_device_put is None
