@@ -21,7 +21,7 @@ def on_and_fresh(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
     eager_cache.clear()
     host_bookkeeping._sighted.clear()
-    host_bookkeeping._first_shapes.clear()
+    host_bookkeeping._shapes.clear()
     with torch.neuron.host_bookkeeping(True):
         yield
 
@@ -61,6 +61,46 @@ def test_a_growing_sequence_compiles_nothing_for_its_bookkeeping():
     torch.testing.assert_close(positions.cpu(), cpu_positions, rtol=0, atol=0)
     # the first token's, then none
     assert _programs(aten.cat.default) == _programs(aten.isin.Tensor_Tensor) == 1
+
+
+def test_a_growing_op_stays_on_the_host_however_often_its_shapes_recur():
+    """generate() called again with the same lengths: each length's ops recur once a call, and compiled they would
+    make each token's adaptive eager queue a structure of its own."""
+    host_runs = torch.neuron.host_bookkeeping_report().get("aten.cat.default", 0)
+    tokens = host_bookkeeping.GROWING + 3
+    for _ in range(host_bookkeeping.HOST_RUNS + 2):
+        cpu_ids = torch.tensor([[3, 1, 4]])
+        ids = cpu_ids.to("neuron")
+        for _ in range(tokens):
+            ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
+            cpu_ids = torch.cat([cpu_ids, cpu_ids[:, -1:] + 1], dim=-1)
+        torch.testing.assert_close(ids.cpu(), cpu_ids, rtol=0, atol=0)
+    # the first length's program only; every other length ran on the host at every call, the GROWING lengths first
+    # seen included once the op was growing
+    assert _programs(aten.cat.default) == 1
+    calls = host_bookkeeping.HOST_RUNS + 2
+    assert torch.neuron.host_bookkeeping_report()["aten.cat.default"] - host_runs == calls * (tokens - 1)
+
+
+def test_results_keep_the_cpu_kernels_structure_and_strides():
+    for length in (3, 4):
+        cpu = torch.arange(4 * length).view(4, length) % 5
+        values, indices = torch.max(cpu.to("neuron"), dim=1)
+        assert type(torch.max(cpu.to("neuron"), dim=1)) is torch.return_types.max
+        torch.testing.assert_close(values.cpu(), cpu.max(dim=1).values, rtol=0, atol=0)
+        torch.testing.assert_close(indices.cpu(), cpu.max(dim=1).indices, rtol=0, atol=0)
+        transposed = cpu.to("neuron").t().clone()
+        assert transposed.stride() == cpu.t().clone().stride()
+        torch.testing.assert_close(transposed.cpu(), cpu.t(), rtol=0, atol=0)
+
+
+def test_an_out_the_kernel_resizes_takes_the_result():
+    for length in (3, 4, 5):
+        cpu = torch.arange(length)
+        out = torch.empty(0, dtype=torch.int64, device="neuron")
+        result = torch.cat([cpu.to("neuron"), cpu.to("neuron")], out=out)
+        assert result is out
+        torch.testing.assert_close(out.cpu(), torch.cat([cpu, cpu]), rtol=0, atol=0)
 
 
 def test_float_and_large_integer_ops_compile_whatever_their_shapes():

@@ -82,8 +82,9 @@ class Compute:
                 anywhere = _offsets_as_arguments(key, views) if len(storages) == len(tensors) else None
                 entry = anywhere and eager_cache.get(anywhere)
                 if entry is None:
-                    on_host = host_bookkeeping.run(self.rule, key, anywhere or key, views, adaptive.current(), func,
-                                                  args, kwargs)
+                    on_host = host_bookkeeping.run(self.rule, key, anywhere or key, storages, views, tensors,
+                                                  lambda values: _refilled(targs, tkwargs, values, scalars),
+                                                  adaptive.current())
                     if on_host is not host_bookkeeping.NOT_RUN:
                         return on_host
                     entry = Executable(self, key, anywhere, targs, tkwargs, tensors, [v[1] for v in views],

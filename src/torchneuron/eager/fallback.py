@@ -62,14 +62,10 @@ def announce(func, stacklevel: int) -> None:
 
 
 def run_on_cpu(func, args, kwargs):
-    # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
-    announce(func, stacklevel=5 if events.listening else 3)
-    return on_cpu(func, args, kwargs)
-
-
-def on_cpu(func, args, kwargs):
     """`func` run by its CPU kernel on copies of its neuron tensors: what it writes is copied back, what it
     returns is put on their device."""
+    # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
+    announce(func, stacklevel=5 if events.listening else 3)
     name = str(func)
     device = None
     copies = {}

@@ -1,4 +1,5 @@
-"""Small integer ops whose shapes keep changing run on the host, until a shape of theirs recurs.
+"""Small integer ops whose shapes keep changing run on the host: a shape that recurs is compiled, unless the op
+keeps growing.
 
 An XLA device compiles a program for each new signature (50-200 ms on XLA:CPU), and a signature that never
 comes back pays that for one run. Hugging Face's generate() is made of them: the sequence's int64 tensors grow
@@ -6,11 +7,16 @@ by one token at each step, so the few ops on them (cat, isin, clone, add) are ne
 compiles a token with the static cache. Such ops are cheap on the host and exact there (integer and bool values
 are the same on any device). So where a signature is new, its tensors are all small integer or bool ones, and
 the op was seen before with the same arguments but for its tensors' shapes (its "shapes change"), PyTorch's CPU
-kernel runs it (its inputs read from the device, its outputs put back, as a fallback's); only a signature seen a
+kernel runs it (its inputs read from the device, its outputs put back, as a fallback's); a signature seen a
 third time is compiled. Two host runs, not one: such bookkeeping often runs an op twice a step on tensors of one
 shape (generate()'s input_ids and position_ids grow together). An op's first shape compiles at once, as every
-op's does, so a training loop's fixed shapes fuse from its third step as before. Not counted as a fallback: the
-op has a lowering.
+op's does, so a training loop's fixed shapes fuse from its third step as before.
+
+An op seen with more than GROWING shapes is a growing sequence's: its new shapes stay on the host however often
+they recur. generate() called again with the same lengths would otherwise compile each length's ops at its third
+call, and each token's adaptive eager queue, holding its own length's programs, would be a structure of its own,
+fused only after three more calls; on the host they are outside the queues, which recur token after token. Not
+counted as a fallback: the op has a lowering.
 
 `TORCHNEURON_HOST_BOOKKEEPING=0` or `torch.neuron.host_bookkeeping(False)` turns it off (the OpInfo sweep
 does, to test each lowering at its first sighting). It never applies while a graph is captured, nor under
@@ -21,9 +27,13 @@ import contextlib
 import os
 import threading
 
-from ..runtime import sync
+import torch
+
+from ..ops import registry
+from ..runtime import pending_checks, sync, transfer
 from ..runtime.cache import eager_cache
-from . import fallback
+from ..runtime.storage import buffers_lock, read_buffers
+from . import transfers
 
 # tensors (their storages' elements, together) small enough that a round trip through the host costs less than
 # a compile
@@ -34,11 +44,14 @@ enabled = os.environ.get("TORCHNEURON_HOST_BOOKKEEPING", "1") != "0"
 # runs on the host a signature gets before it is compiled
 HOST_RUNS = 2
 
+# shapes of an op beyond which it is growing: its new signatures are never compiled
+GROWING = 4
+
 counts = collections.Counter()  # op name -> its runs on the host
 
 _sighted = collections.Counter()  # signatures run on the host -> how often
 
-_first_shapes = {}  # an op's signature without its tensors' shapes -> the first signature it was seen with
+_shapes = {}  # an op's signature without its tensors' shapes -> its signatures seen (the first first), up to GROWING + 1
 
 _this_thread = threading.local()
 
@@ -62,42 +75,94 @@ def enabled_within(on: bool = True):
 NOT_RUN = object()
 
 
-def run(rule, key, signature, views, queue, func, args, kwargs):
+def run(rule, key, signature, storages, views, tensors, filled, queue):
     """The op's results from the CPU, if this run of `rule`'s op, of the new signature `signature` (`key`, or the
-    same with offsets as arguments) whose tensors' views are `views` (program.storage_views), is small and
-    integer enough, its shapes change, it has not run on the host twice yet, and the CPU takes it; else NOT_RUN."""
+    same with offsets as arguments) whose tensors `tensors` view `storages` as `views` say (program.storage_views),
+    is small and integer enough, its shapes change, it has not run on the host twice yet (or the op is growing),
+    and the CPU takes it; else NOT_RUN. `filled(values)` gives the op's arguments and keyword arguments with
+    `values` for its tensors."""
     if not enabled or not views or rule.random or rule.checked_outputs or queue.capture is not None or sync.debug_mode:
         return NOT_RUN
-    if sum(v[2] for v in views) > MAX_ELEMENTS or not all(_exact(v[0][3]) and _exact(v[3]) for v in views):
+    if sum(v[2] for v in views) > MAX_ELEMENTS or not all(_exact(v[3]) and v[0][3] == v[3] for v in views):
         return NOT_RUN
     # the signature but for its views' shapes, strides, offsets and storage sizes (eager.executable's key)
     shapeless = (key[:3], tuple((v[0][3], v[1], v[3]) for v in views), key[4:])
-    first = _first_shapes.get(shapeless)
-    if first is None:
-        if len(_first_shapes) >= eager_cache.capacity:
-            _first_shapes.clear()
-        _first_shapes[shapeless] = signature
-    if first is None or first == signature:
+    shapes = _shapes.get(shapeless)
+    if shapes is None:
+        if len(_shapes) >= eager_cache.capacity:
+            _shapes.clear()
+        _shapes[shapeless] = {signature: None}
         return NOT_RUN
+    if next(iter(shapes)) == signature:
+        return NOT_RUN
+    if len(shapes) <= GROWING:
+        shapes[signature] = None
     if getattr(_this_thread, "on_host", False):
-        return NOT_RUN  # the host run's own device ops: writing its results back through a view is a copy_
+        return NOT_RUN  # the host run's own device ops: copying an out= the kernel resized back to the device
     runs = _sighted.pop(signature, 0)
-    if runs == HOST_RUNS:
+    if runs >= HOST_RUNS and len(shapes) <= GROWING:
         return NOT_RUN
     _this_thread.on_host = True
     try:
-        result = fallback.on_cpu(func, args, kwargs)
-    except Exception:  # noqa: BLE001
-        # a dtype the CPU lacks a kernel for (histc of ints, which CUDA and neuron run), or bad input: the device
-        # gives its answer or its error (raised where it would be, at synchronisation for a device-side check)
-        return NOT_RUN
+        # no other thread may write these storages between their reading and the results' writing back
+        with buffers_lock:
+            result = _on_host(rule.op, storages, views, tensors, filled)
     finally:
         _this_thread.on_host = False
+    if result is NOT_RUN:
+        return NOT_RUN
     if len(_sighted) >= eager_cache.capacity:
         _sighted.clear()
     _sighted[signature] = runs + 1
     counts[str(rule.op)] += 1
     return result
+
+
+def _on_host(func, storages, views, tensors, filled):
+    """`func` run by its CPU kernel on host copies of the whole storages its tensors view, through the same views:
+    they alias as on the device, and a storage it writes (through any view) goes back whole. NOT_RUN where the
+    CPU refuses it (a dtype it lacks a kernel for, as histc of ints, which CUDA and neuron run; bad input): the
+    device gives its answer or its error, raised where it would be (at synchronisation for a device-side check)."""
+    device_index = storages[0].device_index
+    pending_checks.raise_failures(device_index)  # as reading any tensor's values does
+    hosts = read_buffers(storages, lambda buffers: [transfer.device_to_host(buffer, storage.dtype)
+                                                    for buffer, storage in zip(buffers, storages)])
+    host_views = [hosts[i].as_strided(*spec[:3]) for spec, i, _, _ in views]
+    args, kwargs = filled(host_views)
+    if "device" in kwargs:
+        kwargs["device"] = "cpu"
+    try:
+        out = func(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return NOT_RUN
+    written = {id(value) for value in registry.flatten(registry.written_arguments(func, args, kwargs))}
+    resized = []
+    for view, tensor, (spec, i, _, _) in zip(host_views, tensors, views):
+        if id(view) in written:
+            if (tuple(view.shape), view.stride(), view.storage_offset()) != spec[:3]:
+                resized.append((tensor, view))  # an out= the kernel resized
+            else:
+                storages[i].buffer = transfer.host_to_device(hosts[i], device_index)
+    for tensor, view in resized:
+        tensor.resize_(view.shape)
+        tensor.copy_(view)
+    same = {id(view): tensor for view, tensor in zip(host_views, tensors)}
+    return _on_device(out, same, device_index)
+
+
+def _on_device(value, same, device_index: int):
+    """The host run's results on the device: its tensors' own neuron tensors where it returns them (an in-place
+    op's `self`), new ones for the rest."""
+    if isinstance(value, torch.Tensor):
+        tensor = same.get(id(value))
+        if tensor is not None:
+            return tensor
+        if value.is_contiguous():
+            return transfers.from_host(value, device_index)
+        return value.to(torch.device("neuron", device_index))  # its strides kept, as `.to` keeps them
+    if isinstance(value, (tuple, list)):
+        return type(value)([_on_device(v, same, device_index) for v in value])
+    return value
 
 
 def _exact(dtype) -> bool:
