@@ -10,8 +10,10 @@ token, so each token's attention ops are new signatures; the static cache (`cach
 "static"`) keeps the shapes of the longest sequence and writes each token in place. Each neuron figure
 is a fresh process: "cold" with an empty TORCHNEURON_CACHE_DIR, "warm" with the cache the cold one left
 (the programs read from disk). PyTorch CPU eager for scale. With `--calls N`, each process calls generate()
-N times with the same lengths and the table gives the later calls' seconds too: adaptive eager fuses each
-token's queue once it recurs (docs/adaptive_eager.md), so the second call compiles where the first did not.
+N times with the same lengths and the table gives the later calls' seconds too: adaptive eager fuses a queue
+once its structure recurs (docs/adaptive_eager.md). With the static cache the tokens' queues are alike and fuse
+within the first call; with the default cache each token's queue is a structure of its own, recurring once a
+call, so the second call starts their compiles on compile threads and the third waits for them.
 """
 import argparse
 import json
