@@ -21,7 +21,7 @@ def on_and_fresh(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_FALLBACK", "error")
     eager_cache.clear()
     host_bookkeeping._sighted.clear()
-    host_bookkeeping._shapes.clear()
+    host_bookkeeping._ops.clear()
     with torch.neuron.host_bookkeeping(True):
         yield
 
@@ -80,6 +80,21 @@ def test_a_growing_op_stays_on_the_host_however_often_its_shapes_recur():
     assert _programs(aten.cat.default) == 1
     calls = host_bookkeeping.HOST_RUNS + 2
     assert torch.neuron.host_bookkeeping_report()["aten.cat.default"] - host_runs == calls * (tokens - 1)
+
+
+def test_shapes_that_recur_among_new_ones_compile_at_their_third_sighting():
+    """A training loop's buckets of sequence lengths, more of them than GROWING, in shuffled order: each length
+    compiles at its third sighting, as a host run would cut the step's queue at every step."""
+    lengths = [7, 3, 12, 5, 9, 4, 11, 6, 10, 8, 13, 2]
+    assert len(lengths) > host_bookkeeping.GROWING + 1
+    host_runs = torch.neuron.host_bookkeeping_report().get("aten.add.Tensor", 0)
+    for _ in range(host_bookkeeping.HOST_RUNS + 2):
+        for length in lengths:
+            mask = torch.arange(length)
+            assert (mask.to("neuron") + 1).cpu().tolist() == (mask + 1).tolist()
+    assert _programs(aten.add.Tensor) == len(lengths)
+    assert (torch.neuron.host_bookkeeping_report()["aten.add.Tensor"] - host_runs
+            == host_bookkeeping.HOST_RUNS * (len(lengths) - 1))
 
 
 def test_results_keep_the_cpu_kernels_structure_and_strides():

@@ -12,11 +12,13 @@ third time is compiled. Two host runs, not one: such bookkeeping often runs an o
 shape (generate()'s input_ids and position_ids grow together). An op's first shape compiles at once, as every
 op's does, so a training loop's fixed shapes fuse from its third step as before.
 
-An op seen with more than GROWING shapes is a growing sequence's: its new shapes stay on the host however often
-they recur. generate() called again with the same lengths would otherwise compile each length's ops at its third
-call, and each token's adaptive eager queue, holding its own length's programs, would be a structure of its own,
-fused only after three more calls; on the host they are outside the queues, which recur token after token. Not
-counted as a fallback: the op has a lowering.
+An op seen with more than GROWING new shapes in a row, each larger than the last, is a growing sequence's: its
+new shapes stay on the host however often they recur. generate() called again with the same lengths would
+otherwise compile each length's ops at its third call, and each token's adaptive eager queue, holding its own
+length's programs, would be a structure of its own, fused only after three more calls; on the host they are
+outside the queues, which recur token after token. Shapes that recur among new ones (a training loop's buckets
+of sequence lengths, in any order) keep compiling at their third sighting: a host run reads its inputs, which
+cuts the step's queue and waits for the device. Not counted as a fallback: the op has a lowering.
 
 `TORCHNEURON_HOST_BOOKKEEPING=0` or `torch.neuron.host_bookkeeping(False)` turns it off (the OpInfo sweep
 does, to test each lowering at its first sighting). It never applies while a graph is captured, nor under
@@ -44,14 +46,14 @@ enabled = os.environ.get("TORCHNEURON_HOST_BOOKKEEPING", "1") != "0"
 # runs on the host a signature gets before it is compiled
 HOST_RUNS = 2
 
-# shapes of an op beyond which it is growing: its new signatures are never compiled
-GROWING = 4
+# new shapes in a row, each larger than the last, beyond which an op is growing: its new signatures are never compiled
+GROWING = 8
 
 counts = collections.Counter()  # op name -> its runs on the host
 
 _sighted = collections.Counter()  # signatures run on the host -> how often
 
-_shapes = {}  # an op's signature without its tensors' shapes -> its signatures seen (the first first), up to GROWING + 1
+_ops = {}  # an op's signature without its tensors' shapes -> _Shapes
 
 _this_thread = threading.local()
 
@@ -87,20 +89,19 @@ def run(rule, key, signature, storages, views, tensors, filled, queue):
         return NOT_RUN
     # the signature but for its views' shapes, strides, offsets and storage sizes (eager.executable's key)
     shapeless = (key[:3], tuple((v[0][3], v[1], v[3]) for v in views), key[4:])
-    shapes = _shapes.get(shapeless)
+    shapes = _ops.get(shapeless)
     if shapes is None:
-        if len(_shapes) >= eager_cache.capacity:
-            _shapes.clear()
-        _shapes[shapeless] = {signature: None}
+        if len(_ops) >= eager_cache.capacity:
+            _ops.clear()
+        _ops[shapeless] = _Shapes(signature)
         return NOT_RUN
-    if next(iter(shapes)) == signature:
+    if shapes.first == signature:
         return NOT_RUN
-    if len(shapes) <= GROWING:
-        shapes[signature] = None
     if getattr(_this_thread, "on_host", False):
         return NOT_RUN  # the host run's own device ops: copying an out= the kernel resized back to the device
     runs = _sighted.pop(signature, 0)
-    if runs >= HOST_RUNS and len(shapes) <= GROWING:
+    shapes.sighted(signature, runs == 0, sum(v[2] for v in views))
+    if runs >= HOST_RUNS and not shapes.growing:
         return NOT_RUN
     _this_thread.on_host = True
     try:
@@ -116,6 +117,25 @@ def run(rule, key, signature, storages, views, tensors, filled, queue):
     _sighted[signature] = runs + 1
     counts[str(rule.op)] += 1
     return result
+
+
+class _Shapes:
+    """What an op's new signatures have shown: its first (compiled at once), and whether it is growing."""
+
+    def __init__(self, first):
+        self.first = first
+        self.growing = False
+        self._larger_in_a_row = 0  # new signatures in a row, each with more elements than the one before
+        self._last = None  # the signature seen last, and its elements
+        self._last_elements = 0
+
+    def sighted(self, signature, new: bool, elements: int) -> None:
+        """`signature`, with `elements` in its storages, seen again (not `new`) or for the first time."""
+        if self.growing or signature == self._last:
+            return  # the same signature twice in a row: generate() grows its ids and its mask together
+        self._larger_in_a_row = self._larger_in_a_row + 1 if new and elements > self._last_elements else 0
+        self._last, self._last_elements = signature, elements
+        self.growing = self._larger_in_a_row > GROWING
 
 
 def _on_host(func, storages, views, tensors, filled):
