@@ -1,5 +1,5 @@
-"""Small integer ops whose shapes keep changing run on the host, until a shape of theirs recurs
-(eager/host_bookkeeping.py)."""
+"""Small integer ops whose shapes keep changing run on the host: a shape that recurs is compiled, unless the op
+keeps growing (eager/host_bookkeeping.py)."""
 import pytest
 import torch
 
@@ -100,8 +100,9 @@ def test_shapes_that_recur_among_new_ones_compile_at_their_third_sighting():
 def test_results_keep_the_cpu_kernels_structure_and_strides():
     for length in (3, 4):
         cpu = torch.arange(4 * length).view(4, length) % 5
-        values, indices = torch.max(cpu.to("neuron"), dim=1)
-        assert type(torch.max(cpu.to("neuron"), dim=1)) is torch.return_types.max
+        result = torch.max(cpu.to("neuron"), dim=1)
+        assert type(result) is torch.return_types.max
+        values, indices = result
         torch.testing.assert_close(values.cpu(), cpu.max(dim=1).values, rtol=0, atol=0)
         torch.testing.assert_close(indices.cpu(), cpu.max(dim=1).indices, rtol=0, atol=0)
         transposed = cpu.to("neuron").t().clone()

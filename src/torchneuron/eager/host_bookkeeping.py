@@ -85,7 +85,8 @@ def run(rule, key, signature, storages, views, tensors, filled, queue):
     `values` for its tensors."""
     if not enabled or not views or rule.random or rule.checked_outputs or queue.capture is not None or sync.debug_mode:
         return NOT_RUN
-    if sum(v[2] for v in views) > MAX_ELEMENTS or not all(_exact(v[3]) and v[0][3] == v[3] for v in views):
+    elements = sum(v[2] for v in views)
+    if elements > MAX_ELEMENTS or not all(_exact(v[3]) and v[0][3] == v[3] for v in views):
         return NOT_RUN
     # the signature but for its views' shapes, strides, offsets and storage sizes (eager.executable's key)
     shapeless = (key[:3], tuple((v[0][3], v[1], v[3]) for v in views), key[4:])
@@ -100,7 +101,7 @@ def run(rule, key, signature, storages, views, tensors, filled, queue):
     if getattr(_this_thread, "on_host", False):
         return NOT_RUN  # the host run's own device ops: copying an out= the kernel resized back to the device
     runs = _sighted.pop(signature, 0)
-    shapes.sighted(signature, runs == 0, sum(v[2] for v in views))
+    shapes.sighted(signature, runs == 0, elements)
     if runs >= HOST_RUNS and not shapes.growing:
         return NOT_RUN
     _this_thread.on_host = True
@@ -156,13 +157,15 @@ def _on_host(func, storages, views, tensors, filled):
     except Exception:  # noqa: BLE001
         return NOT_RUN
     written = {id(value) for value in registry.flatten(registry.written_arguments(func, args, kwargs))}
-    resized = []
+    rewritten, resized = set(), []
     for view, tensor, (spec, i, _, _) in zip(host_views, tensors, views):
         if id(view) in written:
             if (tuple(view.shape), view.stride(), view.storage_offset()) != spec[:3]:
                 resized.append((tensor, view))  # an out= the kernel resized
             else:
-                storages[i].buffer = transfer.host_to_device(hosts[i], device_index)
+                rewritten.add(i)
+    for i in rewritten:  # once, however many of its views the op wrote
+        storages[i].buffer = transfer.host_to_device(hosts[i], device_index)
     for tensor, view in resized:
         tensor.resize_(view.shape)
         tensor.copy_(view)

@@ -70,9 +70,9 @@ def read_buffers(storages, use):
 
 def _zeros(numel: int, dtype, device_index: int) -> jax.Array:
     """A zero buffer for a storage read before it is written (an out= tensor from `torch.empty`): a host
-    array put on the device (transfer.put), a fraction of `jnp.zeros`'s cost, which runs an eager computation, and with no
-    compile per size as a jitted program would have. Committed to its device: programs reading only
-    uncommitted arrays run on the default device."""
+    array put on the device (transfer.put), a fraction of `jnp.zeros`'s cost, which runs an eager computation,
+    and with no compile per size as a jitted program would have. Committed to its device: programs reading
+    only uncommitted arrays run on the default device."""
     return put(np.zeros(numel, dtype), jax_device(device_index))
 
 
