@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same
 from torch.fx.experimental import proxy_tensor
 
 import torchneuron
 from torchneuron.eager import executable, fallback
 from torchneuron.ops import registry, rules
+from torchneuron.runtime.platform import jax_device
 from torchneuron.runtime.program import StorageProgram
 
 aten = torch.ops.aten
@@ -158,6 +160,51 @@ def test_fallback_inplace_writes_back(unlowered_op):
     aten.hardtanh_.default(y.t()[1])
     aten.hardtanh_.default(x.t()[1])
     torch.testing.assert_close(y.cpu(), x)
+
+
+@pytest.fixture
+def add_on_the_cpu():
+    """In-place and out= add run by the CPU fallback (torchneuron.library.force_cpu)."""
+    ops = (aten.add_.Tensor, aten.add.out)
+    for op in ops:
+        torchneuron.library.force_cpu(op)
+    yield
+    for op in ops:
+        torchneuron.library.force_cpu(op, False)
+
+
+def test_fallback_views_of_one_storage_alias_as_on_the_cpu(add_on_the_cpu):
+    """The fallback reads each storage once and gives the CPU kernel the tensors' views of it: what one view writes
+    the others see, and a write overlapping a read is refused as on the CPU (not computed on separate copies)."""
+    cpu = torch.arange(8.0)
+    neuron = cpu.to("neuron")
+    for base in (cpu, neuron):
+        base[:4].add_(base[4:])
+        torch.add(base[:2], base[4:6], out=base[6:])
+    assert_same(neuron, cpu)
+    for base in (cpu, neuron):
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            base[2:6].add_(base[:4])
+
+
+@pytest.mark.parametrize("device", ["neuron:0", "neuron:1"])
+def test_fallback_writes_views_of_large_storages_and_results_on_their_device(add_on_the_cpu, device):
+    """A row of a storage too large to read for it is copied on its own and written back by copy_; the storages
+    written and the new results stay on the tensors' device."""
+    cpu = torch.arange(300 * 256.0).view(300, 256)
+    neuron = cpu.to(device)
+    for base in (cpu, neuron):
+        base[7].add_(base[0, :256])
+        base[:, 0].add_(base[:, 1])
+    assert_same(neuron, cpu)
+    small = torch.arange(4.0, device=device)
+    out = torch.empty(4, device=device)
+    torch.add(small, small, out=out)
+    small.add_(1)
+    assert out.tolist() == [0.0, 2.0, 4.0, 6.0] and small.tolist() == [1.0, 2.0, 3.0, 4.0]
+    for tensor in (neuron, small, out):
+        assert tensor._storage.buffer.devices() == {jax_device(torch.device(device).index)}
+    assert fallback.report()["aten.add_.Tensor"] >= 5
 
 
 def test_strict_mode_makes_fallback_an_error(unlowered_op, monkeypatch):

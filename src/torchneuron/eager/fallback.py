@@ -8,13 +8,15 @@ import os
 import warnings
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..ops.registry import flatten, written_arguments
 from ..runtime import events
 from ..runtime.dtypes import UnsupportedDtype
 from ..runtime.layout import storage_extent
+from ..runtime.storage import buffers_lock
 from ..runtime.tensor import NeuronTensor
+from . import math_bits, transfers
+from .host_run import SPARSE_LAYOUTS, HostCopies
 
 counts = collections.Counter()
 failures = {}
@@ -62,56 +64,33 @@ def announce(func, stacklevel: int) -> None:
 
 
 def run_on_cpu(func, args, kwargs):
-    """`func` run by its CPU kernel on copies of its neuron tensors: what it writes is copied back, what it
-    returns is put on their device."""
+    """`func` run by its CPU kernel on host copies of its neuron tensors (host_run.HostCopies): what it writes
+    is written back, what it returns is put on their device."""
     # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
     announce(func, stacklevel=5 if events.listening else 3)
-    name = str(func)
-    device = None
-    copies = {}
-
-    def to_cpu(value):
-        nonlocal device
-        if isinstance(value, NeuronTensor) or _is_neuron_sparse(value):
-            device = device or value.device
-            copy = copies[id(value)] = (value, value.cpu())
-            return copy[1]
-        return value
-
-    cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
-    if "device" in cpu_kwargs and _is_neuron(cpu_kwargs["device"]):
-        device = torch.device(cpu_kwargs["device"])
-        cpu_kwargs["device"] = "cpu"
-    out = func(*cpu_args, **cpu_kwargs)
-    back = {id(cpu): neuron for neuron, cpu in copies.values()}
-    written = {id(value) for value in flatten(written_arguments(func, cpu_args, cpu_kwargs))}
-    for neuron, cpu in copies.values():
-        if id(cpu) in written:
-            if neuron.shape != cpu.shape:
-                neuron.resize_(cpu.shape)  # the kernel resized what it writes (an out=, an observer's state)
-            neuron.copy_(cpu)
-
-    def to_neuron(value):
-        if isinstance(value, torch.Tensor):
-            if value.layout not in (torch.strided, *_SPARSE_LAYOUTS) or value.is_nested:
-                kind = "nested" if value.is_nested else str(value.layout)
-                raise NotImplementedError(
-                    f"torchneuron: {name} returns a {kind} tensor; only strided and sparse tensors live on neuron. "
-                    "Please report the op at the project's issue tracker."
-                )
-            original = back.get(id(value))
-            return original if original is not None else value.to(device)
-        return value
-
-    return tree_map(to_neuron, out)
+    leaves, tree = tree_flatten((args, kwargs))
+    tensors = [leaf for leaf in leaves if isinstance(leaf, NeuronTensor) or _is_neuron_sparse(leaf)]
+    device = kwargs.get("device")
+    device = torch.device(device) if _is_neuron(device) else tensors[0].device if tensors else None
+    if device is None:  # no neuron tensor nor device: nothing to copy, nowhere to put the results
+        return func(*args, **kwargs)
+    device_index = device.index if device.index is not None else torch.neuron.current_device()
+    # no other thread may write the storages read between their reading and their writing back (whole)
+    with buffers_lock:
+        copies = HostCopies(tensors, device_index, by_storage=_by_storage)
+        cpu_args, cpu_kwargs = tree_unflatten([copies.of(leaf) for leaf in leaves], tree)
+        if "device" in cpu_kwargs and _is_neuron(cpu_kwargs["device"]):
+            cpu_kwargs["device"] = "cpu"
+        return copies.results(func, cpu_args, cpu_kwargs, func(*cpu_args, **cpu_kwargs))
 
 
-_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+def _by_storage(tensor) -> bool:
+    return type(tensor) is NeuronTensor and not math_bits.flagged(tensor) and transfers.read_through_storage(tensor)
 
 
 def _is_neuron_sparse(value) -> bool:
     """A sparse tensor on neuron (eager/sparse.py and sparse_compressed.py, whose unhandled ops come here)."""
-    return isinstance(value, torch.Tensor) and value.layout in _SPARSE_LAYOUTS and value.device.type == "neuron"
+    return isinstance(value, torch.Tensor) and value.layout in SPARSE_LAYOUTS and value.device.type == "neuron"
 
 
 def _is_neuron(device) -> bool:

@@ -29,13 +29,11 @@ import contextlib
 import os
 import threading
 
-import torch
 
-from ..ops import registry
-from ..runtime import pending_checks, sync, transfer
+from ..runtime import sync
 from ..runtime.cache import eager_cache
-from ..runtime.storage import buffers_lock, read_buffers
-from . import transfers
+from ..runtime.storage import buffers_lock
+from .host_run import HostCopies
 
 # tensors (their storages' elements, together) small enough that a round trip through the host costs less than
 # a compile
@@ -140,52 +138,19 @@ class _Shapes:
 
 
 def _on_host(func, storages, views, tensors, filled):
-    """`func` run by its CPU kernel on host copies of the whole storages its tensors view, through the same views:
-    they alias as on the device, and a storage it writes (through any view) goes back whole. NOT_RUN where the
-    CPU refuses it (a dtype it lacks a kernel for, as histc of ints, which CUDA and neuron run; bad input): the
-    device gives its answer or its error, raised where it would be (at synchronisation for a device-side check)."""
-    device_index = storages[0].device_index
-    pending_checks.raise_failures(device_index)  # as reading any tensor's values does
-    hosts = read_buffers(storages, lambda buffers: [transfer.device_to_host(buffer, storage.dtype)
-                                                    for buffer, storage in zip(buffers, storages)])
-    host_views = [hosts[i].as_strided(*spec[:3]) for spec, i, _, _ in views]
-    args, kwargs = filled(host_views)
+    """`func` run by its CPU kernel on host copies of its tensors, read through their storages (host_run); NOT_RUN
+    where the CPU refuses it (a dtype it lacks a kernel for, as histc of ints, which CUDA and neuron run; bad
+    input): the device gives its answer or its error, raised where it would be (at synchronisation for a
+    device-side check)."""
+    copies = HostCopies(tensors, storages[0].device_index, storages=storages, views=views)
+    args, kwargs = filled(copies.copies)
     if "device" in kwargs:
         kwargs["device"] = "cpu"
     try:
         out = func(*args, **kwargs)
     except Exception:  # noqa: BLE001
         return NOT_RUN
-    written = {id(value) for value in registry.flatten(registry.written_arguments(func, args, kwargs))}
-    rewritten, resized = set(), []
-    for view, tensor, (spec, i, _, _) in zip(host_views, tensors, views):
-        if id(view) in written:
-            if (tuple(view.shape), view.stride(), view.storage_offset()) != spec[:3]:
-                resized.append((tensor, view))  # an out= the kernel resized
-            else:
-                rewritten.add(i)
-    for i in rewritten:  # once, however many of its views the op wrote
-        storages[i].buffer = transfer.host_to_device(hosts[i], device_index)
-    for tensor, view in resized:
-        tensor.resize_(view.shape)
-        tensor.copy_(view)
-    same = {id(view): tensor for view, tensor in zip(host_views, tensors)}
-    return _on_device(out, same, device_index)
-
-
-def _on_device(value, same, device_index: int):
-    """The host run's results on the device: its tensors' own neuron tensors where it returns them (an in-place
-    op's `self`), new ones for the rest."""
-    if isinstance(value, torch.Tensor):
-        tensor = same.get(id(value))
-        if tensor is not None:
-            return tensor
-        if value.is_contiguous():
-            return transfers.from_host(value, device_index)
-        return value.to(torch.device("neuron", device_index))  # its strides kept, as `.to` keeps them
-    if isinstance(value, (tuple, list)):
-        return type(value)([_on_device(v, same, device_index) for v in value])
-    return value
+    return copies.results(func, args, kwargs, out)
 
 
 def _exact(dtype) -> bool:

@@ -42,6 +42,13 @@ def to_host(tensor: NeuronTensor) -> torch.Tensor:
     return host.reshape(shape)
 
 
+def read_through_storage(tensor: NeuronTensor) -> bool:
+    """Whether the tensor's values are best read by reading its whole storage: it is the whole storage, or a
+    view of a small one (see `to_host`)."""
+    storage = tensor._storage
+    return tensor._spec[3] == storage.dtype and (storage.nbytes <= _READ_WHOLE_BYTES or is_whole_storage(tensor))
+
+
 def is_whole_storage(t: NeuronTensor) -> bool:
     shape, stride, offset, dtype, _ = t._spec
     return dtype == t._storage.dtype and covers_storage(shape, stride, offset, t._storage.numel)
