@@ -8,7 +8,7 @@ import os
 import warnings
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_map
 
 from ..runtime import events
 from ..runtime.dtypes import UnsupportedDtype
@@ -16,7 +16,7 @@ from ..runtime.layout import storage_extent
 from ..runtime.storage import buffers_lock
 from ..runtime.tensor import NeuronTensor
 from . import math_bits, transfers
-from .host_run import SPARSE_LAYOUTS, HostCopies
+from . import host_run
 
 counts = collections.Counter()
 failures = {}
@@ -68,8 +68,8 @@ def run_on_cpu(func, args, kwargs):
     is written back, what it returns is put on their device."""
     # the same frame with a listener as without: its span around the op (runtime.events.op) adds two
     announce(func, stacklevel=5 if events.listening else 3)
-    leaves, tree = tree_flatten((args, kwargs))
-    tensors = [leaf for leaf in leaves if isinstance(leaf, NeuronTensor) or _is_neuron_sparse(leaf)]
+    tensors = [leaf for leaf in host_run.leaves(args, kwargs)
+               if isinstance(leaf, NeuronTensor) or _is_neuron_sparse(leaf)]
     device = kwargs.get("device")
     device = torch.device(device) if _is_neuron(device) else tensors[0].device if tensors else None
     if device is None:  # no neuron tensor nor device: nothing to copy, nowhere to put the results
@@ -77,8 +77,8 @@ def run_on_cpu(func, args, kwargs):
     device_index = device.index if device.index is not None else torch.neuron.current_device()
     # no other thread may write the storages read between their reading and their writing back (whole)
     with buffers_lock:
-        copies = HostCopies(tensors, device_index, by_storage=_by_storage)
-        cpu_args, cpu_kwargs = tree_unflatten([copies.of(leaf) for leaf in leaves], tree)
+        copies = host_run.HostCopies(tensors, device_index, by_storage=_by_storage)
+        cpu_args, cpu_kwargs = copies.arguments(args, kwargs)
         if "device" in cpu_kwargs and _is_neuron(cpu_kwargs["device"]):
             cpu_kwargs["device"] = "cpu"
         return copies.results(func, cpu_args, cpu_kwargs, func(*cpu_args, **cpu_kwargs))
@@ -90,7 +90,7 @@ def _by_storage(tensor) -> bool:
 
 def _is_neuron_sparse(value) -> bool:
     """A sparse tensor on neuron (eager/sparse.py and sparse_compressed.py, whose unhandled ops come here)."""
-    return isinstance(value, torch.Tensor) and value.layout in SPARSE_LAYOUTS and value.device.type == "neuron"
+    return isinstance(value, torch.Tensor) and value.layout in host_run.SPARSE_LAYOUTS and value.device.type == "neuron"
 
 
 def _is_neuron(device) -> bool:

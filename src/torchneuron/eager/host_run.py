@@ -43,6 +43,15 @@ class HostCopies:
         """`value`'s host copy if it is one of the tensors, else `value`."""
         return self._copy_of.get(id(value), value)
 
+    def arguments(self, args, kwargs):
+        """An op's arguments with the copies in place of the tensors (at the top or in a list, as ATen takes
+        them)."""
+        return [self._argument(a) for a in args], {k: self._argument(v) for k, v in kwargs.items()}
+
+    def _argument(self, value):
+        kind = type(value)
+        return kind(map(self.of, value)) if kind is list or kind is tuple else self.of(value)
+
     def results(self, func, args, kwargs, out):
         """The op's results on the device, once `func(*args, **kwargs)` (the arguments holding the copies) gave
         `out`: what it wrote of the copies is written back, a returned copy is its tensor, the rest is new."""
@@ -65,6 +74,15 @@ class HostCopies:
             tensor.copy_(copy)
         tensor_of = {id(copy): tensor for tensor, copy in zip(self.tensors, self.copies)}
         return _on_device(func, out, tensor_of, self.device_index)
+
+
+def leaves(args, kwargs):
+    """An op's arguments, those in its lists (ATen's tensor lists) in their place."""
+    for value in (*args, *kwargs.values()):
+        if type(value) is list or type(value) is tuple:
+            yield from value
+        else:
+            yield value
 
 
 def _read(storages) -> list:
