@@ -4,12 +4,15 @@ import sys
 
 import torch
 
+from ..native import _C as native
+from ..runtime.layout import contiguous_strides
+from ..runtime.tensor import new_storage_for, wrap
+from . import module
+
 _registered = []
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    from ..runtime.layout import contiguous_strides
-
     size = tuple(size)
     if memory_format in (torch.channels_last, torch.channels_last_3d):
         strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
@@ -19,10 +22,6 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    from ..native import _C as native
-    from ..runtime.tensor import new_storage_for, wrap
-    from . import module
-
     if layout not in (None, torch.strided):
         raise NotImplementedError(f"torchneuron: layout {layout} is not supported on neuron")
     dtype = dtype or torch.get_default_dtype()
@@ -104,9 +103,6 @@ def register() -> None:
     """Make `neuron` a PyTorch device. Safe to call more than once."""
     if _registered:
         return
-    from . import module
-
-    from ..native import _C as native
     from ..runtime import dtypes, platform, storage
 
     # what _setup_privateuseone_for_python_backend does, with the native guard and hooks in place of
