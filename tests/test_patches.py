@@ -43,15 +43,6 @@ def test_attributes_set_on_parameters_survive_moves():
         assert model.weight.weight_loader is loader
 
 
-def test_load_with_map_location_neuron():
-    buffer = io.BytesIO()
-    torch.save({"x": torch.arange(3.0), "nested": [torch.ones(2)]}, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, map_location="neuron")
-    assert loaded["x"].device.type == "neuron" and loaded["nested"][0].device.type == "neuron"
-    torch.testing.assert_close(loaded["x"].cpu(), torch.arange(3.0))
-
-
 class _TiedScripted(_Tied):
     def __init__(self):
         super().__init__()

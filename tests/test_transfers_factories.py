@@ -1,6 +1,9 @@
 """Transfers between host and device, factories, serialization."""
 
+import io
+import pickle
 import re
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -233,6 +236,61 @@ def test_save_and_load_with_map_location(tmp_path):
     loaded = torch.load(cpu_path, map_location="neuron")
     assert all(t.device.type == "neuron" for t in loaded.values())
     assert torch.equal(loaded["weight"].cpu(), weights["weight"])
+
+
+def _saved(obj, **options) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, **options)
+    buffer.seek(0)
+    return buffer
+
+
+def test_saved_views_load_sharing_one_storage():
+    """torch.save writes a storage once however many tensors view it, and torch.load gives them one storage again,
+    on neuron as on the CPU (and CUDA); mapped to another device or to the CPU, they still share one."""
+    base = torch.arange(12.0).view(3, 4)
+    cpu_size = len(_saved({"x": base, "row": base[1], "t": base.t()}).getvalue())
+    on_device = base.to("neuron")
+    buffer = _saved({"x": on_device, "row": on_device[1], "t": on_device.t()})
+    assert abs(len(buffer.getvalue()) - cpu_size) < 256  # the values once, not three times
+    for location, device in ((None, "neuron:0"), ("neuron:1", "neuron:1"), ("cpu", "cpu")):
+        buffer.seek(0)
+        loaded = torch.load(buffer, map_location=location)
+        assert loaded["x"].device == torch.device(device) and loaded["t"].stride() == (1, 4)
+        torch.testing.assert_close(loaded["t"].cpu(), base.t(), rtol=0, atol=0)
+        loaded["row"].fill_(-1)
+        assert loaded["x"].cpu()[1].tolist() == [-1.0] * 4 and loaded["t"].cpu()[:, 1].tolist() == [-1.0] * 4
+
+
+def test_parameters_and_attributes_survive_save_and_load():
+    """A neuron Parameter loads as a Parameter (a module saved whole keeps its parameters), with weights_only
+    too, and attributes set on a tensor are kept, as on the CPU."""
+    model = torch.nn.Linear(3, 2).to("neuron")
+    loaded = torch.load(_saved(model), weights_only=False)
+    assert isinstance(loaded.weight, torch.nn.Parameter) and loaded.weight.device.type == "neuron"
+    assert_same(loaded.weight, model.weight.detach().cpu())
+    weight = torch.load(_saved({"w": model.weight}))["w"]
+    assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+    tagged = torch.ones(2, device="neuron")
+    tagged.note = "kept"
+    assert torch.load(_saved(tagged)).note == "kept"
+
+
+def test_pickling_and_sending_to_another_process_keep_values():
+    """pickle (through the legacy format PyTorch pickles a storage in), torch.save's legacy format and
+    multiprocessing's pickler (a host copy: a neuron storage has no shared memory) rebuild the tensor on its
+    device."""
+    values = torch.arange(6, dtype=torch.int32).view(2, 3)
+    tensor = values.to("neuron:1")
+    for copy in (pickle.loads(pickle.dumps(tensor)),
+                 torch.load(_saved(tensor, _use_new_zipfile_serialization=False), weights_only=False)):
+        assert copy.device == torch.device("neuron:1")
+        assert_same(copy, values)
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(tensor[1])
+    sent = pickle.loads(buffer.getvalue())
+    assert sent.device == torch.device("neuron:1")
+    assert_same(sent, values[1])
 
 
 def test_module_to_keeps_tied_weights():

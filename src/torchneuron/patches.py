@@ -41,32 +41,6 @@ def _is_neuron(location) -> bool:
 
 
 @_patch
-def torch_load_map_location_neuron():
-    """torch.load(map_location="neuron") restores storages with `storage.to(device)`, which needs a
-    device allocator (PrivateUse1 has none from Python; it crashes). Load to the CPU, then move the
-    tensors, keeping tensors that shared a storage shared."""
-    original = torch.load
-
-    @functools.wraps(original)
-    def load(f, map_location=None, *args, **kwargs):
-        if not _is_neuron(map_location):
-            return original(f, map_location, *args, **kwargs)
-        loaded = original(f, "cpu", *args, **kwargs)
-        moved = {}
-
-        def to_device(value):
-            if isinstance(value, torch.Tensor) and value.device.type != "neuron":
-                if id(value) not in moved:
-                    moved[id(value)] = value.to(map_location)
-                return moved[id(value)]
-            return value
-
-        return torch.utils._pytree.tree_map(to_device, loaded)
-
-    torch.load = load
-
-
-@_patch
 def script_modules_load_onto_neuron() -> None:
     """torch.jit.load rebuilds each tensor in C++ by setting the storage and sizes of an empty device tensor's
     TensorImpl directly, which a neuron tensor's view, kept in Python, does not see: loaded onto neuron, the
@@ -1072,7 +1046,6 @@ _COMPILE_PATCHES = (dynamo_wraps_neuron_tensors_as_tensors, tangents_accept_neur
 def apply() -> None:
     if getattr(apply, "done", False):
         return
-    torch_load_map_location_neuron()
     script_modules_load_onto_neuron()
     foreach_tensor_type()
     backward_runs_on_the_calling_thread()

@@ -6,7 +6,8 @@ import torch
 
 from ..native import _C as native
 from ..runtime.layout import contiguous_strides
-from ..runtime.tensor import new_storage_for, wrap
+from ..runtime import storage
+from ..runtime.tensor import NeuronTensor, new_storage_for, wrap
 from . import module
 
 _registered = []
@@ -93,17 +94,29 @@ def _compressed_empty(size, dtype=None, layout=None, device=None, pin_memory=Non
 
 
 def _copy_from(source, destination, non_blocking=False):
-    """`copy_` as PyTorch internals issue it below the Python key (torch.tensor(data, device=...))."""
+    """`copy_` as PyTorch internals issue it below the Python key: torch.tensor(data, device=...), and the legacy
+    serialization's storage writer and reader (pickling a storage), with tensors made of the storage's data
+    pointer."""
     from ..eager.dispatch import dispatch
 
-    return dispatch(torch.ops.aten.copy_.default, (destination, source), {})
+    return dispatch(torch.ops.aten.copy_.default, (_as_neuron_tensor(destination), _as_neuron_tensor(source)), {})
+
+
+def _as_neuron_tensor(tensor):
+    """A neuron tensor PyTorch made below the Python key of a neuron data pointer, as the NeuronTensor viewing the
+    same bytes of the Storage there."""
+    if isinstance(tensor, NeuronTensor) or tensor.device.type != "neuron":
+        return tensor
+    found, start = storage.at_address(tensor.untyped_storage().data_ptr())
+    offset = start // tensor.element_size() + tensor.storage_offset()
+    return wrap(found, tensor.shape, tensor.stride(), offset, tensor.dtype)
 
 
 def register() -> None:
     """Make `neuron` a PyTorch device. Safe to call more than once."""
     if _registered:
         return
-    from ..runtime import dtypes, platform, storage
+    from ..runtime import dtypes, platform
 
     # what _setup_privateuseone_for_python_backend does, with the native guard and hooks in place of
     # torch._C._acc's Python ones (docs/native.md says why)

@@ -171,6 +171,16 @@ def live_storages() -> list:
     return [s for s in (ref() for ref in list(_live.values())) if s is not None]
 
 
+def at_address(pointer: int):
+    """The live Storage whose bytes hold the neuron data pointer `pointer`, and the pointer's byte offset in it: for
+    a tensor PyTorch made of a data pointer (at::from_blob, as the legacy serialization's storage writer does),
+    whose native storage is none of ours."""
+    for storage in live_storages():
+        if storage.address is not None and storage.address <= pointer < storage.address + max(storage.nbytes, 1):
+            return storage, pointer - storage.address
+    raise RuntimeError(f"neuron: no storage holds the data pointer {pointer:#x}")
+
+
 def of_handle(untyped) -> Storage:
     """The Storage of a neuron torch.UntypedStorage. One PyTorch allocated itself (`torch.UntypedStorage(n,
     device="neuron")`) gets one now: its bytes, zero."""

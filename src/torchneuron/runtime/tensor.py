@@ -1,6 +1,7 @@
 """The neuron tensor: a torch.Tensor whose payload is a view of a device Storage."""
 import copy
 import functools
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -50,12 +51,24 @@ class NeuronTensor(torch.Tensor):
             self._storage, self._spec = new._storage, new._spec
 
     def __reduce_ex__(self, protocol):
-        # PyTorch pickles a wrapper subclass with a (data-less) storage as an empty wrapper, losing the values;
-        # pickle it as PyTorch pickles XLA tensors: a host copy rebuilt on the device, no class to allowlist
-        return (
-            torch._utils._rebuild_device_tensor_from_cpu_tensor,
-            (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad),
-        )
+        # pickled as a plain device tensor is, its storage and view (torch.save writes a storage's bytes once
+        # however many tensors view it, and torch.load gives them one storage again); the view this class keeps
+        # in Python is made anew from those, so the class is named only for attributes set on the tensor (a
+        # Parameter's mark, a user's), and is among torch.load's safe globals for them
+        rebuild, args = self._reduce_ex_internal(protocol)
+        state = self.__getstate__()
+        if not state:
+            return rebuild, args
+        return torch._tensor._rebuild_from_type_v2, (rebuild, NeuronTensor, args, state)
+
+    def __getstate__(self):
+        return {name: value for name, value in self.__dict__.items() if name not in ("_storage", "_spec")}
+
+    def _reduce_for_another_process(self):
+        # as a host copy rebuilt on the device (as PyTorch sends XLA tensors): a storage goes to another process
+        # through CPU shared memory (or CUDA's IPC), which a neuron storage has not got
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
     def __deepcopy__(self, memo):
         # PyTorch deep-copies a tensor that has a data pointer through UntypedStorage.clone, a host
@@ -146,6 +159,10 @@ def _swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
             "(`tensor.to(...)`). Please report it at the project's issue tracker if you need this.") from error
     for name, value in attributes.items():
         tensor.__dict__.setdefault(name, value)
+
+
+ForkingPickler.register(NeuronTensor, NeuronTensor._reduce_for_another_process)
+torch.serialization.add_safe_globals([NeuronTensor])
 
 
 def _fake_mode_taking_real_tensors(types, args, kwargs):
