@@ -5,8 +5,8 @@ import sys
 import torch
 
 from ..native import _C as native
-from ..runtime.layout import contiguous_strides
 from ..runtime import storage
+from ..runtime.layout import contiguous_strides
 from ..runtime.tensor import NeuronTensor, new_storage_for, wrap
 from . import module
 

@@ -15,8 +15,7 @@ from ..runtime.dtypes import UnsupportedDtype
 from ..runtime.layout import storage_extent
 from ..runtime.storage import buffers_lock
 from ..runtime.tensor import NeuronTensor
-from . import math_bits, transfers
-from . import host_run
+from . import host_run, math_bits, transfers
 
 counts = collections.Counter()
 failures = {}

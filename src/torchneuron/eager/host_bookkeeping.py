@@ -29,7 +29,6 @@ import contextlib
 import os
 import threading
 
-
 from ..runtime import sync
 from ..runtime.cache import eager_cache
 from ..runtime.storage import buffers_lock

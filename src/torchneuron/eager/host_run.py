@@ -26,12 +26,12 @@ class HostCopies:
     given; the rest are copied on their own."""
 
     def __init__(self, tensors, device_index: int, by_storage=None, storages=None, views=None):
+        whole, apart = tensors, []
         if views is None:
-            whole = [t for t in tensors if by_storage(t)]
-            apart = [t for t in tensors if not by_storage(t)]
+            whole, apart = [], []
+            for t in tensors:
+                (whole if by_storage(t) else apart).append(t)
             storages, views = storage_views(whole)
-        else:
-            whole, apart = tensors, []
         self.device_index = device_index
         self.storages, self.views = storages, views
         self.tensors = whole + apart
