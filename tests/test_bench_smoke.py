@@ -10,6 +10,7 @@ import pytest
 from bench import host_overhead
 from bench.fixed_cost import CAPTURED, OPS
 from bench.gpt_step import PRODUCTS
+from bench.host_runs import fallback_cases
 from bench.ops import cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,15 @@ def test_fixed_cost_prints_every_op():
     # the graph column: a replay time for each op a graph replays as it is, n/a for the one taking new numbers
     assert [r[1].strip() for r in rows if r[4].strip() != "n/a"] == list(CAPTURED), out
     assert all(float(r[4]) > 0 for r in rows if r[1].strip() in CAPTURED), out
+
+
+def test_host_runs_bench_times_each_op_on_the_host_on_neuron_and_on_the_cpu():
+    out = subprocess.run([sys.executable, "-m", "bench.host_runs", "--calls", "3", "--repeats", "1"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| op |")]
+    names = [f"fallback: {name}" for name in fallback_cases("cpu")] + ["host bookkeeping: growing int64 cat"]
+    assert [r[1].strip() for r in rows] == names, out
+    assert all(float(cell) > 0 for r in rows for cell in r[2:5]), out
 
 
 def test_optimizer_step_bench_reports_both_implementations():
