@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 from ..ops import rules
 from ..runtime.layout import contiguous_strides
+from ..runtime.tensor import host_copy_reduction
 from . import fallback, handlers
 from .executable import Compute
 
@@ -52,9 +53,7 @@ class NeuronSparse(torch.Tensor):
         return "tensor(" + text[ours:].replace("\n" + " " * ours, "\n" + " " * len("tensor("))
 
     def __reduce_ex__(self, protocol):
-        # as neuron's dense tensors pickle: a host copy, rebuilt on the device
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.cpu(), self.dtype, str(self.device), self.requires_grad))
+        return host_copy_reduction(self)
 
 
 class SparseTensor(NeuronSparse):

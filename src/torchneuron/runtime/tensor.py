@@ -64,12 +64,6 @@ class NeuronTensor(torch.Tensor):
     def __getstate__(self):
         return {name: value for name, value in self.__dict__.items() if name not in ("_storage", "_spec")}
 
-    def _reduce_for_another_process(self):
-        # as a host copy rebuilt on the device (as PyTorch sends XLA tensors): a storage goes to another process
-        # through CPU shared memory (or CUDA's IPC), which a neuron storage has not got
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
-
     def __deepcopy__(self, memo):
         # PyTorch deep-copies a tensor that has a data pointer through UntypedStorage.clone, a host
         # memcpy; a neuron tensor is copied on the device (a new, counted storage), as XLA tensors are
@@ -161,7 +155,16 @@ def _swap_in_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
         tensor.__dict__.setdefault(name, value)
 
 
-ForkingPickler.register(NeuronTensor, NeuronTensor._reduce_for_another_process)
+def host_copy_reduction(tensor):
+    """A neuron tensor (dense or sparse) pickled as a host copy rebuilt on its device, as PyTorch pickles XLA
+    tensors."""
+    return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (tensor.detach().cpu(), tensor.dtype, str(tensor.device), tensor.requires_grad))
+
+
+# sent to another process as a host copy: a storage goes there through CPU shared memory (or CUDA's IPC), which a
+# neuron storage has not got
+ForkingPickler.register(NeuronTensor, host_copy_reduction)
 torch.serialization.add_safe_globals([NeuronTensor])
 
 
